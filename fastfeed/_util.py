@@ -1,0 +1,57 @@
+"""Small shared helpers: sizes and durations as users write them."""
+
+from __future__ import annotations
+
+import re
+
+from fastfeed.errors import ConfigError
+
+__all__ = ["format_bytes", "parse_duration", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(value: str | int | float, what: str = "size") -> int:
+    """Parse ``"256MB"``, ``"1.5GiB"`` or a number of bytes.
+
+    Example:
+        >>> parse_size("256MB"), parse_size("1KiB"), parse_size(10)
+        (256000000, 1024, 10)
+    """
+    if isinstance(value, (int, float)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ConfigError(f"{what}={value!r} must be positive")
+    return n
+
+
+def parse_duration(value: str | int | float, what: str = "duration") -> float:
+    """Parse ``"60s"``, ``"2m"``, ``"0.5"`` (seconds).
+
+    Example:
+        >>> parse_duration("2m"), parse_duration("1.5s"), parse_duration(3)
+        (120.0, 1.5, 3.0)
+    """
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|)\s*", str(value))
+    if m is None:
+        raise ConfigError(f"{what}={value!r} is not a duration; write e.g. 60s, 2m or 30")
+    scale = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes (decimal units), e.g. ``1.5 GB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover

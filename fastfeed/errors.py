@@ -1,0 +1,133 @@
+"""The one exception tree of fastfeed.
+
+Every error a user can cause says what went wrong, where (the file, shard, key or
+argument) and how to fix it::
+
+    FastfeedError
+    ├── ConfigError (ValueError)          bad argument or option combination
+    ├── SourceError                       a problem with the input of ``pack``
+    │   ├── EmptySourceError              nothing to pack
+    │   ├── DuplicateKeyError             two files map to one (key, field)
+    │   ├── BadFileError                  unreadable, zero-byte, not what its extension says
+    │   └── UnsafePathError               ``..``, absolute paths, newlines, symlink loops
+    ├── DestinationError                  DST inside SRC, non-empty DST, ...
+    ├── IndexVersionError                 an index written by another format version
+    ├── IndexMismatchError                the index does not match its shards
+    ├── ShardError                        a missing, truncated or corrupt shard
+    │   └── SampleError                   one sample cannot be read or decoded
+    ├── StateError (ValueError)           a state_dict that does not fit this loader/sampler
+    ├── RemoteError                       object storage failed after retries
+    └── MissingDependencyError (ImportError)  an optional dependency is not installed
+
+Example:
+    >>> from fastfeed.errors import FastfeedError, ConfigError
+    >>> issubclass(ConfigError, ValueError) and issubclass(ConfigError, FastfeedError)
+    True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadFileError",
+    "ConfigError",
+    "DestinationError",
+    "DuplicateKeyError",
+    "EmptySourceError",
+    "FastfeedError",
+    "IndexMismatchError",
+    "IndexVersionError",
+    "MissingDependencyError",
+    "RemoteError",
+    "SampleError",
+    "ShardError",
+    "SourceError",
+    "StateError",
+    "UnsafePathError",
+    "missing_dependency",
+]
+
+
+class FastfeedError(Exception):
+    """Base class of every error fastfeed raises on purpose."""
+
+
+class ConfigError(FastfeedError, ValueError):
+    """An argument or a combination of options is invalid."""
+
+
+class SourceError(FastfeedError):
+    """The input of ``pack`` has a problem."""
+
+
+class EmptySourceError(SourceError):
+    """The source holds nothing to pack."""
+
+
+class DuplicateKeyError(SourceError):
+    """Two files map to the same sample key and field."""
+
+
+class BadFileError(SourceError):
+    """A file is unreadable, empty, or not what its extension says."""
+
+
+class UnsafePathError(SourceError):
+    """A path that cannot be stored safely (``..``, absolute, newline, symlink loop)."""
+
+
+class DestinationError(FastfeedError):
+    """The destination of ``pack`` cannot be used as asked."""
+
+
+class IndexVersionError(FastfeedError):
+    """The index was written by an incompatible format version."""
+
+
+class IndexMismatchError(FastfeedError):
+    """The index does not describe the shards next to it."""
+
+
+class ShardError(FastfeedError):
+    """A shard is missing, truncated or corrupt."""
+
+
+class SampleError(ShardError):
+    """One sample cannot be read or decoded.
+
+    Attributes:
+        shard: the shard's file name or URL.
+        key: the sample key, when known.
+        offset: the byte offset (tar) or record number (LMDB), when known.
+    """
+
+    def __init__(
+        self, message: str, *, shard: str = "", key: str = "", offset: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.key = key
+        self.offset = offset
+
+
+class StateError(FastfeedError, ValueError):
+    """A saved state does not fit the object it is loaded into."""
+
+
+class RemoteError(FastfeedError):
+    """Object storage failed after retries."""
+
+
+class MissingDependencyError(FastfeedError, ImportError):
+    """An optional dependency is not installed."""
+
+
+def missing_dependency(module: str, extra: str, purpose: str) -> MissingDependencyError:
+    """Build the error for a missing optional dependency, with the install line.
+
+    Example:
+        >>> str(missing_dependency("lmdb", "lmdb", "LMDB shards")).splitlines()[0]
+        "LMDB shards need the 'lmdb' module: pip install 'fastfeed[lmdb]'"
+    """
+    return MissingDependencyError(
+        f"{purpose} need the '{module}' module: pip install 'fastfeed[{extra}]'"
+    )

@@ -1,0 +1,252 @@
+"""Tar shards in the WebDataset convention, with NVIDIA DALI index files.
+
+A sample is a run of adjacent members ``<key>.<ext>``; the key is the member path up
+to the first dot of its base name (``a/b/0001.seg.png`` -> key ``a/b/0001``, field
+``seg.png``). Members are plain POSIX (ustar, pax when a name needs it) with fixed
+mtime/uid/gid/mode and no user names, so the same input gives byte-identical shards.
+
+Next to each shard the writer can produce DALI's webdataset index (format v1.2: per
+sample, ``ext data_offset size member_path`` for each member) so that
+``fn.readers.webdataset`` opens it without scanning.
+
+Example:
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> w = TarShardWriter(os.path.join(d, "s.tar"))
+    >>> w.add("cat/0001", {"jpg": b"xx", "cls": b"3"})
+    (0, 2048)
+    >>> size, sha = w.close()
+    >>> TarShardReader(os.path.join(d, "s.tar")).read(0, 2048)["cls"]
+    b'3'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import BinaryIO, Iterator, Mapping
+
+from fastfeed.errors import SampleError, ShardError
+
+__all__ = ["TarShardReader", "TarShardWriter", "dali_index_text", "split_key"]
+
+BLOCK = 512
+RECORD = BLOCK * 20
+_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """Split a member or file path into (key, field) the WebDataset way.
+
+    The field (extension) is lower-cased; names without a dot in their base name
+    return None.
+
+    Example:
+        >>> split_key("a/b/0001.seg.PNG")
+        ('a/b/0001', 'seg.png')
+    """
+    m = _KEY_RE.match(name)
+    if m is None:
+        return None
+    return m.group(1), m.group(2).lower()
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+class TarShardWriter:
+    """Write one tar shard (optionally with its DALI index) sample by sample.
+
+    Fields of a sample are written in sorted order. ``close()`` pads the archive to a
+    whole tar record and returns (size, sha256).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fileobj: BinaryIO | None = None) -> None:
+        self.path = str(path)
+        self._f: BinaryIO = fileobj if fileobj is not None else open(path, "wb")
+        self._own = fileobj is None
+        self._sha = hashlib.sha256()
+        self._pos = 0
+        self._dali: list[str] = []
+
+    def _write(self, data: bytes) -> None:
+        self._f.write(data)
+        self._sha.update(data)
+        self._pos += len(data)
+
+    def add(self, key: str, fields: Mapping[str, bytes]) -> tuple[int, int]:
+        """Append a sample; return (offset of its first header, byte span)."""
+        start = self._pos
+        entry: list[str] = []
+        for ext in sorted(fields):
+            data = fields[ext]
+            name = f"{key}.{ext}"
+            self._write(_header(name, len(data)))
+            entry.append(f"{ext} {self._pos} {len(data)} {name}")
+            self._write(data)
+            pad = -len(data) % BLOCK
+            if pad:
+                self._write(b"\0" * pad)
+        self._dali.append(" ".join(entry))
+        return start, self._pos - start
+
+    def dali_index(self) -> str:
+        """DALI webdataset index (v1.2) text for the samples written so far."""
+        return dali_index_text(self._dali)
+
+    def close(self) -> tuple[int, str]:
+        """Write the end-of-archive blocks and padding; return (size, sha256)."""
+        end = self._pos + 2 * BLOCK
+        self._write(b"\0" * (2 * BLOCK + (-end % RECORD)))
+        self._f.flush()
+        if self._own:
+            os.fsync(self._f.fileno())
+            self._f.close()
+        return self._pos, self._sha.hexdigest()
+
+
+def dali_index_text(entries: list[str]) -> str:
+    """Render DALI's webdataset index (v1.2) from per-sample member triples."""
+    return f"v1.2 {len(entries)}\n" + "".join(e + "\n" for e in entries)
+
+
+class TarShardReader:
+    """Read samples of a tar shard by (offset, size), or sequentially.
+
+    ``source`` is a local path or an open binary file object supporting seek/read
+    (for example an fsspec file).
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            self.name = name or str(source)
+            self._path: str | None = str(source)
+            self._f: BinaryIO | None = None
+        else:
+            self.name = name or getattr(source, "path", None) or getattr(source, "name", "<stream>")
+            self._path = None
+            self._f = source
+        self._pid = os.getpid()
+
+    def _file(self) -> BinaryIO:
+        if self._f is None or self._pid != os.getpid():
+            if self._path is None:
+                raise ShardError(f"{self.name}: stream cannot be reopened in a new process")
+            try:
+                self._f = open(self._path, "rb")
+            except FileNotFoundError:
+                raise ShardError(
+                    f"{self._path}: shard is missing; restore it or re-run `fastfeed pack`"
+                ) from None
+            self._pid = os.getpid()
+        return self._f
+
+    def read(self, offset: int, size: int) -> dict:
+        """Return the sample whose members start at ``offset`` and span ``size`` bytes."""
+        f = self._file()
+        f.seek(offset)
+        buf = f.read(size)
+        if len(buf) != size:
+            raise SampleError(
+                f"{self.name}: truncated at offset {offset} (wanted {size} bytes, got "
+                f"{len(buf)}); the shard is damaged, re-run `fastfeed pack` or restore it",
+                shard=self.name,
+                offset=offset,
+            )
+        samples = list(_parse_members(io.BytesIO(buf), self.name, offset))
+        if len(samples) != 1:
+            raise SampleError(
+                f"{self.name}: bytes at offset {offset} hold {len(samples)} samples, expected 1; "
+                "the index does not match this shard, re-run `fastfeed pack`",
+                shard=self.name,
+                offset=offset,
+            )
+        return samples[0]
+
+    def __iter__(self) -> Iterator[dict]:
+        f = self._file()
+        f.seek(0)
+        yield from _parse_members(f, self.name, 0)
+
+    def close(self) -> None:
+        if self._f is not None and self._path is not None:
+            self._f.close()
+            self._f = None
+
+
+def _parse_members(f: BinaryIO, name: str, base: int) -> Iterator[dict]:
+    """Group the regular members of a tar stream into samples by key."""
+    try:
+        tf = tarfile.open(fileobj=f, mode="r|")
+    except tarfile.TarError as e:
+        raise SampleError(f"{name}: not a tar archive at offset {base} ({e})", shard=name, offset=base) from None
+    current: dict | None = None
+    try:
+        for member in tf:
+            if not member.isreg():
+                continue
+            parts = split_key(member.name)
+            if parts is None:
+                continue
+            key, ext = parts
+            ef = tf.extractfile(member)
+            data = ef.read() if ef is not None else b""
+            if len(data) != member.size:
+                raise SampleError(
+                    f"{name}: member {member.name} truncated at offset {base + member.offset}",
+                    shard=name, key=key, offset=base + member.offset,
+                )
+            if current is None or current["__key__"] != key:
+                if current is not None:
+                    yield current
+                current = {"__key__": key}
+            current[ext] = data
+    except tarfile.TarError as e:
+        raise SampleError(
+            f"{name}: corrupt tar data after offset {base} ({e}); the shard is damaged, re-run "
+            "`fastfeed pack` or restore it",
+            shard=name, offset=base,
+        ) from None
+    if current is not None:
+        yield current
+
+
+def scan_tar(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """Scan an uncompressed tar and return (key, offset, size) per sample.
+
+    For tars written by other tools (no fastfeed index): offsets point at each
+    sample's first header so :meth:`TarShardReader.read` can fetch it.
+    """
+    out: list[tuple[str, int, int]] = []
+    with tarfile.open(Path(path), mode="r:") as tf:
+        last_key = None
+        start = 0
+        end = 0
+        for m in tf:
+            if not m.isreg():
+                continue
+            parts = split_key(m.name)
+            if parts is None:
+                continue
+            key = parts[0]
+            if key != last_key:
+                if last_key is not None:
+                    out.append((last_key, start, end - start))
+                start = m.offset
+                last_key = key
+            end = m.offset_data + m.size + (-m.size % BLOCK)
+        if last_key is not None:
+            out.append((last_key, start, end - start))
+    return out
