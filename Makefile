@@ -7,8 +7,16 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # A plain torch requirement would pull a multi-GB CUDA build here: take the CPU wheel first.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Benchmarks run in their own venv (never used by `make test`): torchvision only imports with the
+# CUDA build torch==2.14.1 (~5.5 GB, from local disk), and ffcv compiles against Debian's libraries.
+BENCH_VENV  ?= .venv-bench
+BENCH_PY    := $(BENCH_VENV)/bin/python
+BENCH_PIP   := $(BENCH_PY) -m pip --disable-pip-version-check -q
+BENCH_TORCH ?= torch==2.14.1 torchvision==0.29.1
+BENCH_APT   := libturbojpeg0-dev libopencv-dev pkg-config
+BENCH_ARGS  ?=
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench bench-env install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +39,25 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed-test
-	$(PY) benchmarks/run_all.py
+$(BENCH_PY):
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PIP) install --upgrade pip
+
+# apt-get runs only when one of the Debian packages ffcv builds against is missing.
+$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt | $(BENCH_PY)
+	@missing="$$(for p in $(BENCH_APT); do dpkg -s $$p >/dev/null 2>&1 || printf '%s ' $$p; done)"; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install -y $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	$(BENCH_PIP) install $(BENCH_TORCH)
+	$(BENCH_PIP) install -e '.[s3,turbo]' -r benchmarks/requirements-bench.txt
+	touch $@
+
+bench-env: $(BENCH_VENV)/.installed
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-data bench-data build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) demo-data bench-data build *.egg-info

@@ -26,14 +26,296 @@ Runner = Callable[[argparse.Namespace], int]
 
 # ---------------------------------------------------------------- pack / info / verify
 # (section owned by the pack issue)
+_PACK_HELP = "pack small files (ImageFolder, files by key, JSONL) into tar or LMDB shards + an index"
+_INFO_HELP = "summarise a packed dataset"
+_VERIFY_HELP = "check a packed dataset: checksums, every sample readable, every image decodable"
+
+
+def _add_pack(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="SRC", help="an ImageFolder, a folder of files grouped by key, or a JSONL manifest")
+    p.add_argument("dst", metavar="DST", help="output folder (created; must not be inside SRC), or an "
+                   "object-store URL such as s3://bucket/prefix")
+    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl"], default="auto",
+                   help="how to read SRC (default: detect)")
+    p.add_argument("--format", choices=["tar", "lmdb"], default="tar",
+                   help="shard format: tar (WebDataset + DALI index) or lmdb (default tar)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", default="256MB", metavar="SIZE",
+                      help="target shard size, e.g. 256MB or 1GiB (default 256MB)")
+    size.add_argument("--samples-per-shard", type=int, default=None, metavar="N",
+                      help="at most N samples per shard (instead of --shard-size)")
+    p.add_argument("--workers", default="auto", metavar="N",
+                   help="processes writing shards (default auto: one per core)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="store samples in a seeded random order so shards mix classes (default on)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--max-side", type=int, default=None, metavar="PX",
+                   help="resize images whose longer side exceeds PX and re-encode them")
+    p.add_argument("--quality", type=int, default=90, metavar="Q",
+                   help="JPEG/WebP quality for --max-side (default 90)")
+    p.add_argument("--length", default=None, metavar="FIELD",
+                   help="record per-sample lengths: a number field, a text field (whitespace tokens), "
+                        "or FIELD:KEY inside a JSON field")
+    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="bad input: stop with an error (default), or skip it and list it in DST/skipped.txt")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace fastfeed's files in a non-empty DST")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: --workers processes on this machine (default); ray: one Ray task per "
+                        "shard on a Ray cluster, same output (pip install 'fastfeed[ray]')")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --engine ray: the head node's HOST:PORT, auto, or ray://HOST:PORT "
+                        "(default: RAY_ADDRESS, else a new local Ray)")
+
+
+class _PackBar:
+    """tqdm bar (files/s, MB/s, ETA) for ``fastfeed pack`` on a terminal."""
+
+    def __init__(self) -> None:
+        self._bar = None
+        self._start = 0.0
+
+    def __call__(self, files: int, files_total: int, nbytes: int, bytes_total: int) -> None:
+        import time
+
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=files_total, unit="file", unit_scale=True, desc="pack",
+                             dynamic_ncols=True, file=sys.stderr)
+            self._start = time.monotonic()
+        self._bar.update(files - self._bar.n)
+        elapsed = max(time.monotonic() - self._start, 1e-6)
+        self._bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s of {bytes_total / 1e6:.0f} MB",
+                                  refresh=False)
+
+    def shards_done(self, done: int, total: int) -> None:
+        """Called by ``--engine ray`` as shards finish: show them in the bar's label."""
+        if self._bar is not None:
+            self._bar.set_description_str(f"pack {done}/{total} shards", refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from fastfeed._util import format_bytes
+    from fastfeed.errors import ConfigError
+    from fastfeed.pack import pack
+
+    workers: int | str = args.workers
+    if workers != "auto":
+        try:
+            workers = int(workers)
+        except ValueError:
+            raise ConfigError(f"--workers {workers!r}: write a number or auto") from None
+    if args.ray_address is not None and args.engine != "ray":
+        raise ConfigError("--ray-address needs --engine ray")
+    bar = _PackBar() if sys.stderr.isatty() else None
+    ray_log = logging.getLogger("fastfeed.pack.ray")
+    ray_level = ray_log.level
+    if args.engine == "ray" and bar is None:
+        ray_log.setLevel(logging.INFO)  # no terminal (a cluster job's log): progress lines instead of a bar
+    try:
+        idx = pack(
+            args.src, args.dst, input=args.input, format=args.format, shard_size=args.shard_size,
+            samples_per_shard=args.samples_per_shard, workers=workers, shuffle=args.shuffle,
+            seed=args.seed, max_side=args.max_side, quality=args.quality, length=args.length,
+            on_error=args.on_error, overwrite=args.overwrite, progress=bar,
+            engine=args.engine, ray_address=args.ray_address,
+        )
+    finally:
+        ray_log.setLevel(ray_level)
+        if bar is not None:
+            bar.close()
+    total = sum(s.bytes for s in idx.shards)
+    print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
+          f"{format_bytes(total)}, in {args.dst}")
+    if idx.skipped:
+        print(f"skipped {len(idx.skipped)} input(s); see {args.dst}/skipped.txt")
+    return 0
+
+
+def _add_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    import json
+
+    from fastfeed.verify import info
+
+    d = info(args.dst)
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    from fastfeed._util import format_bytes
+
+    sps = d["samples_per_shard"]
+    print(d["path"])
+    dali = ", DALI index files" if d["dali_index"] else ""
+    print(f"  format     {d['format']}{dali} (packed from {d['input']} by fastfeed "
+          f"{d['fastfeed_version']}, index v{d['index_version']})")
+    print(f"  samples    {d['num_samples']} in {d['num_shards']} shard(s) of {sps['min']}-{sps['max']}, "
+          f"{format_bytes(d['bytes'])}")
+    print(f"  fields     {', '.join(d['fields'])}")
+    if d["classes"] is not None:
+        shown = ", ".join(d["classes"][:4]) + (", ..." if d["num_classes"] > 4 else "")
+        spc = d.get("samples_per_class")
+        per = f"; {spc['min']}-{spc['max']} samples per class" if spc else ""
+        print(f"  classes    {d['num_classes']} ({shown}){per}")
+    if d["lengths"] is not None:
+        ln = d["lengths"]
+        print(f"  lengths    {ln['field']}: min {ln['min']}, median {ln['median']:g}, max {ln['max']}, "
+              f"total {ln['total']}")
+    o = d["options"]
+    order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
+    resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
+    print(f"  order      {order}{resize}")
+    print(f"  skipped    {d['num_skipped']}" + (" (see skipped.txt)" if d["num_skipped"] else ""))
+    return 0
+
+
+def _add_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("--workers", default="auto", metavar="N", help="processes (default auto: one per core)")
+    p.add_argument("--no-decode", action="store_true", help="skip decoding images (bytes and checksums only)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from fastfeed.errors import ConfigError
+    from fastfeed.verify import verify
+
+    if args.workers == "auto":
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    else:
+        try:
+            workers = int(args.workers)
+        except ValueError:
+            raise ConfigError(f"--workers {args.workers!r}: write a number or auto") from None
+    report = verify(args.dst, workers=workers, decode=not args.no_decode)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    elif report.ok:
+        print(f"ok: {report.shards} shard(s), {report.samples} samples, {report.images} images decoded")
+    else:
+        print(f"{args.dst}: {len(report.problems)} problem(s):", file=sys.stderr)
+        for line in report.problems:
+            print(f"  {line}", file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 # ---------------------------------------------------------------- balance
 # (section owned by the samplers issue)
+_BALANCE_HELP = ("compare padding and rank balance of fastfeed's length-aware samplers with "
+                 "DistributedSampler + a fixed batch, over one epoch")
+
+
+def _add_balance(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", metavar="DST", help="a packed dataset with lengths (pack --length), or a .npy of lengths")
+    p.add_argument("--world-size", type=int, required=True, metavar="W", help="number of ranks")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--batch-size", type=int, metavar="B", help="fixed batches of B (length buckets)")
+    mode.add_argument("--max-cost", metavar="C",
+                      help="a cost budget per batch (tokens, or seconds such as 0.12 / 120ms with --model)")
+    p.add_argument("--cost", default="tokens", choices=["tokens", "attention", "varlen"],
+                   help="built-in cost: padded tokens, + padded attention, or packed/varlen (default tokens)")
+    p.add_argument("--model", metavar="JSON", help="a fitted cost model (fastfeed.calibrate); costs in seconds")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--epoch", type=int, default=0, help="which epoch to plan (default 0)")
+    p.add_argument("--drop-last", action="store_true", help="drop the remainder instead of repeating")
+    p.add_argument("--baseline-batch-size", type=int, default=None, metavar="B",
+                   help="DistributedSampler's batch size (default: the same real tokens per batch)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _run_balance(args: argparse.Namespace) -> int:
+    import json
+
+    from fastfeed.balance import balance_report
+
+    cost = args.model if args.model else args.cost
+    max_cost = args.max_cost
+    if max_cost is not None:
+        try:
+            max_cost = float(max_cost)
+        except ValueError:
+            pass  # a duration such as "120ms", checked against the model by the sampler
+    report = balance_report(args.dst, world_size=args.world_size, batch_size=args.batch_size,
+                            max_cost=max_cost, cost=cost, seed=args.seed, epoch=args.epoch,
+                            drop_last=args.drop_last, baseline_batch_size=args.baseline_batch_size)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.table())
+    return 0
+
 
 
 # ---------------------------------------------------------------- tune
 # (section owned by the tune issue)
+_TUNE_HELP = "measure the loader and store the best num_workers / prefetch_factor for this host"
+
+
+def _add_tune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", metavar="DST", help="a packed dataset (folder or URL)")
+    p.add_argument("--batch-size", type=int, default=256, help="per-rank batch size (default 256)")
+    p.add_argument("--decode", default="cpu", help="decode mode: cpu or dali (default cpu)")
+    p.add_argument("--image-size", type=int, default=None, help="output image size, e.g. 224")
+    p.add_argument("--time-budget", default="60s", help="measuring time, e.g. 60s or 2m (default 60s)")
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="cap on workers (default: twice the cores per rank)")
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument("--target-rate", type=float, default=None, metavar="SAMPLES_PER_S",
+                      help="what one rank's training consumes: pick the cheapest setting that feeds it")
+    goal.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+                      help="the training step time per batch (target = batch size / step time)")
+    p.add_argument("--memory-budget", default=None,
+                   help="main + worker memory a setting may use, e.g. 16GB (default: half the "
+                        "memory / LOCAL_WORLD_SIZE)")
+    p.add_argument("--trial-time", type=float, default=None, metavar="SECONDS",
+                   help="seconds per measured setting (default: from the time budget)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw throughput against workers")
+    p.add_argument("--store-dir", default=None,
+                   help="store the result here (default: the dataset folder, else ~/.cache/fastfeed)")
+    p.add_argument("--no-store", action="store_true", help="measure only; do not store the result")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    import json
+
+    from fastfeed.search import Trial
+    from fastfeed.tune import tune
+
+    def progress(t: Trial) -> None:
+        m = t.measurement
+        rate = f"{m.samples_per_s:,.0f} samples/s" if m is not None else t.status
+        print(f"  {t.setting.label}: {rate}", file=sys.stderr, flush=True)
+
+    result = tune(
+        args.dst, batch_size=args.batch_size, decode=args.decode, image_size=args.image_size,
+        time_budget=args.time_budget, max_workers=args.max_workers, target_rate=args.target_rate,
+        step_time=args.step_time, memory_budget=args.memory_budget, trial_time=args.trial_time,
+        plot=args.plot,
+        store=not args.no_store, store_dir=args.store_dir,
+        on_trial=None if args.json else progress,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(result.table())
+        print()
+        print(result.summary())
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
 
 
 # ---------------------------------------------------------------- doctor
@@ -43,6 +325,10 @@ Runner = Callable[[argparse.Namespace], int]
 # ---------------------------------------------------------------- wiring
 #: (name, help, add-arguments function, runner), in the order shown by --help.
 COMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Runner]] = []
+COMMANDS += [("pack", _PACK_HELP, _add_pack, _run_pack), ("info", _INFO_HELP, _add_info, _run_info),
+             ("verify", _VERIFY_HELP, _add_verify, _run_verify)]
+COMMANDS.append(("tune", _TUNE_HELP, _add_tune, _run_tune))
+COMMANDS.append(("balance", _BALANCE_HELP, _add_balance, _run_balance))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,8 @@ __all__ = ["TarShardReader", "TarShardWriter", "dali_index_text", "split_key"]
 
 BLOCK = 512
 RECORD = BLOCK * 20
+_ZEROS = bytes(BLOCK)
+_SPACE = re.compile(r"\s")
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
@@ -55,7 +57,7 @@ def split_key(name: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2).lower()
 
 
-def _header(name: str, size: int) -> bytes:
+def _tarfile_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = 0
@@ -64,6 +66,28 @@ def _header(name: str, size: int) -> bytes:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+# The fast path below fills name and size into a header that tarfile itself produced,
+# so both paths give the same bytes (tests compare them); tarfile handles the rest
+# (names over 100 bytes or non-ASCII get a pax header, huge sizes a pax size record).
+_TEMPLATE = _tarfile_header("a", 0)
+_TEMPLATE_SUM = sum(_TEMPLATE) - sum(_TEMPLATE[148:156]) - ord("a") - sum(_TEMPLATE[124:136])
+_SPACES_SUM = 8 * ord(" ")
+_MAX_FAST_SIZE = 8**11 - 1
+
+
+def _header(name: str, size: int) -> bytes:
+    """Deterministic POSIX tar header(s) for a regular member ``name`` of ``size`` bytes."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 100 or not name.isascii() or size > _MAX_FAST_SIZE:
+        return _tarfile_header(name, size)
+    size_field = b"%011o\0" % size
+    chk = _TEMPLATE_SUM + _SPACES_SUM + sum(raw) + sum(size_field)
+    return b"".join((
+        raw, bytes(100 - len(raw)), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
+        b"%06o\0 " % chk, _TEMPLATE[156:],
+    ))
 
 
 class TarShardWriter:
@@ -75,11 +99,13 @@ class TarShardWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, fileobj: BinaryIO | None = None) -> None:
         self.path = str(path)
-        self._f: BinaryIO = fileobj if fileobj is not None else open(path, "wb")
+        self._f: BinaryIO = fileobj if fileobj is not None else open(path, "wb", buffering=1 << 20)
         self._own = fileobj is None
         self._sha = hashlib.sha256()
         self._pos = 0
         self._dali: list[str] = []
+        self._dali_v11: list[str] = []
+        self._names_have_spaces = False
 
     def _write(self, data: bytes) -> None:
         self._f.write(data)
@@ -90,20 +116,33 @@ class TarShardWriter:
         """Append a sample; return (offset of its first header, byte span)."""
         start = self._pos
         entry: list[str] = []
+        short: list[str] = []
         for ext in sorted(fields):
             data = fields[ext]
             name = f"{key}.{ext}"
             self._write(_header(name, len(data)))
             entry.append(f"{ext} {self._pos} {len(data)} {name}")
+            short.append(f"{ext} {self._pos} {len(data)}")
             self._write(data)
             pad = -len(data) % BLOCK
             if pad:
-                self._write(b"\0" * pad)
+                self._write(_ZEROS[:pad])
+        if not self._names_have_spaces and (_SPACE.search(key) or any(_SPACE.search(f) for f in fields)):
+            self._names_have_spaces = True
         self._dali.append(" ".join(entry))
+        self._dali_v11.append(" ".join(short))
         return start, self._pos - start
 
     def dali_index(self) -> str:
-        """DALI webdataset index (v1.2) text for the samples written so far."""
+        """DALI webdataset index text for the samples written so far.
+
+        Format v1.2 (per member ``ext data_offset size path``). DALI reads each line with
+        whitespace-separated ``>>`` extraction, so a member path containing whitespace
+        would shift the fields: such shards get format v1.1 (``ext data_offset size``),
+        which DALI reads the same way minus the source-info path.
+        """
+        if self._names_have_spaces:
+            return f"v1.1 {len(self._dali_v11)}\n" + "".join(e + "\n" for e in self._dali_v11)
         return dali_index_text(self._dali)
 
     def close(self) -> tuple[int, str]:

@@ -1,0 +1,325 @@
+"""Goal: shards on object storage >= 10x one GET per image, and >= 0.9x local disk once cached.
+
+One run, one S3-compatible server (moto, in its own process on 127.0.0.1), the same
+ImageNet-like JPEGs (generated, ~500x375, q90) stored twice in the same bucket: as loose
+objects (``loose/<class>/<name>.jpg``) and packed into tar shards by ``fastfeed pack``
+(``packed/``). Every configuration uses the same pipeline (fastfeed's CPU decoder:
+decode -> RandomResizedCrop -> flip -> one uint8 batch), the same batch size and the
+same number of DataLoader worker processes, and is measured by the one measuring core
+(:func:`fastfeed.measure.measure`: warm-up, then the median of windows of steady batches):
+
+==================  ==========================================================================
+``local``           ``fastfeed.loader`` over the packed folder on local disk (page cache warm)
+``s3-cold``         ``fastfeed.loader("s3://...", cache_dir=<empty>)``: one epoch, every shard
+                    downloaded once into the host cache while training reads
+``s3-warm``         the same with the cache filled (a later epoch or run): reads local disk
+``s3-nocache``      ``fastfeed.loader("s3://...")`` without ``cache_dir``: whole shards into each
+                    worker's memory
+``loose-get``       ``torch.utils.data.DataLoader`` over the loose objects: one boto3
+                    ``get_object`` per image in the workers, then the same decode
+==================  ==========================================================================
+
+Goals: ``s3-cold / loose-get >= 10`` (shards vs one GET per image, both from the
+bucket) and ``s3-warm / local >= 0.9``. ``--io-only`` adds the same comparisons with
+``decode=None`` (no JPEG decode: transport only).
+
+moto on loopback answers in well under a millisecond; a real object store takes tens of
+milliseconds to the first byte of every GET, which costs ``loose-get`` once per image and
+the shard reads once per 8 MB part. ``--latency-ms 20`` puts a proxy in front of moto that
+delays every request by that much, to show the difference on the same data.
+
+Run (dev machine, 2 cores; ~5 minutes each, the first one generates the data)::
+
+    .venv/bin/python benchmarks/loader_s3.py --io-only
+    .venv/bin/python benchmarks/loader_s3.py --io-only --latency-ms 20
+
+Run (more cores)::
+
+    python benchmarks/loader_s3.py --images 10000 --workers 8 --batch 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import fastfeed  # noqa: E402
+from fastfeed.decode.cpu import CpuDecoder  # noqa: E402
+from fastfeed.host import cpu_count, host_info  # noqa: E402
+from fastfeed.index import DatasetIndex  # noqa: E402
+from fastfeed.measure import Measurement, measure  # noqa: E402
+
+BUCKET = "fastfeed-bench"
+CREDS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench", "region_name": "us-east-1"}
+
+
+# ---------------------------------------------------------------------- the server
+async def _latency_proxy(listen_port_q: Any, upstream_port: int, latency_s: float) -> None:
+    """TCP proxy that holds every client->server write for ``latency_s`` (one request's
+    round trip to a distant object store); responses stream back at loopback speed."""
+    import asyncio
+
+    async def pipe(reader: Any, writer: Any, delay: float) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                if delay:
+                    await asyncio.sleep(delay)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(c_reader: Any, c_writer: Any) -> None:
+        u_reader, u_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(pipe(c_reader, u_writer, latency_s), pipe(u_reader, c_writer, 0.0))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    listen_port_q.put(server.sockets[0].getsockname()[1])
+    async with server:
+        await server.serve_forever()
+
+
+def _serve(port_q: Any, stop: Any, latency_ms: float) -> None:
+    import asyncio
+    import logging
+    import threading
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    port = server.get_host_and_port()[1]
+    port_q.put(port)
+    if latency_ms > 0:
+        threading.Thread(target=lambda: asyncio.run(_latency_proxy(port_q, port, latency_ms / 1000)),
+                         daemon=True).start()
+    else:
+        port_q.put(port)
+    stop.wait()
+    server.stop()
+
+
+class MotoProcess:
+    """moto's S3 server in a child process (so it does not share the GIL with the loaders).
+
+    With ``latency_ms`` the endpoint is a proxy that delays each request by that much.
+    """
+
+    def __init__(self, latency_ms: float = 0.0) -> None:
+        self.latency_ms = latency_ms
+
+    def __enter__(self) -> "MotoProcess":
+        ctx = mp.get_context("spawn")
+        q, self._stop = ctx.Queue(), ctx.Event()
+        self._proc = ctx.Process(target=_serve, args=(q, self._stop, self.latency_ms), daemon=True)
+        self._proc.start()
+        self.direct_endpoint = f"http://127.0.0.1:{q.get(timeout=120)}"  # for uploads
+        self.endpoint = f"http://127.0.0.1:{q.get(timeout=60)}"  # what the loaders use
+        self.storage_options = {
+            "key": CREDS["aws_access_key_id"], "secret": CREDS["aws_secret_access_key"],
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": CREDS["region_name"]},
+        }
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._proc.join(timeout=10)
+
+    def client(self) -> Any:
+        """A boto3 client on the direct (no added latency) endpoint, for setting up."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.direct_endpoint, **CREDS)
+
+
+# ---------------------------------------------------------------------- data
+def prepare_data(root: Path, images: int, per_shard: int) -> tuple[Path, Path]:
+    """ImageFolder of generated JPEGs and its packed shards (reused when already there)."""
+    from fastfeed.synth import make_image_folder
+
+    imgs, packed = root / f"imgs-{images}", root / f"packed-{images}-{per_shard}"
+    if not (imgs / ".done").exists():
+        shutil.rmtree(imgs, ignore_errors=True)
+        t = time.perf_counter()
+        make_image_folder(imgs, num_images=images, num_classes=100, size=(500, 375), quality=90,
+                          vary_size=True, workers=cpu_count())
+        (imgs / ".done").write_text("ok")
+        print(f"generated {images} JPEGs in {time.perf_counter() - t:.0f}s", flush=True)
+    if not DatasetIndex.exists(packed):
+        shutil.rmtree(packed, ignore_errors=True)
+        fastfeed.pack(str(imgs), str(packed), samples_per_shard=per_shard, workers=cpu_count())
+    return imgs, packed
+
+
+def upload(server: MotoProcess, imgs: Path, packed: Path) -> list[tuple[str, int]]:
+    """Put the loose images and the shards into the bucket; return (loose key, label)."""
+    client = server.client()
+    client.create_bucket(Bucket=BUCKET)
+    files = sorted(p for p in imgs.rglob("*.jpg"))
+    classes = sorted({p.parent.name for p in files})
+    loose = [(f"loose/{p.parent.name}/{p.name}", classes.index(p.parent.name)) for p in files]
+    jobs = [(str(p), k) for p, (k, _) in zip(files, loose)] + [
+        (str(p), f"packed/{p.name}") for p in sorted(packed.iterdir()) if p.is_file()
+    ]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda job: client.upload_file(job[0], BUCKET, job[1]), jobs))
+    print(f"uploaded {len(jobs)} objects in {time.perf_counter() - t:.0f}s", flush=True)
+    return loose
+
+
+# ---------------------------------------------------------------------- the peer: one GET per image
+class LooseObjects:
+    """Map-style dataset: one ``get_object`` per image, boto3 client per worker process."""
+
+    def __init__(self, endpoint: str, items: list[tuple[str, int]]) -> None:
+        self.endpoint, self.items = endpoint, items
+        self._client: Any = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self._pid != os.getpid():
+            import boto3
+
+            self._client, self._pid = boto3.client("s3", endpoint_url=self.endpoint, **CREDS), os.getpid()
+        key, label = self.items[i]
+        body = self._client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        return {"__key__": key, "jpg": body, "cls": str(label).encode(), "__id__": i}
+
+
+class DecodeBatch:
+    """collate_fn: fastfeed's CPU decoder, so both sides decode and crop identically."""
+
+    def __init__(self, image_size: int | None) -> None:
+        self.decoder = CpuDecoder(image_size=image_size, seed=0) if image_size else None
+
+    def __call__(self, samples: list[dict[str, Any]]) -> Any:
+        if self.decoder is None:  # I/O only
+            return {"__key__": [s["__key__"] for s in samples], "jpg": [s["jpg"] for s in samples]}
+        ids = np.array([s.pop("__id__") for s in samples])
+        return self.decoder.decode_batch(samples, ids, epoch=0, labels=None, fail=None)
+
+
+def loose_loader(server: MotoProcess, items: list[tuple[str, int]], args: argparse.Namespace,
+                 image_size: int | None) -> Any:
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        LooseObjects(server.endpoint, items), batch_size=args.batch, shuffle=True,
+        generator=torch.Generator().manual_seed(0), num_workers=args.workers, prefetch_factor=2,
+        persistent_workers=True, collate_fn=DecodeBatch(image_size), drop_last=True,
+    )
+
+
+# ---------------------------------------------------------------------- measuring
+def run(name: str, source: Any, args: argparse.Namespace, *, one_epoch: bool = False) -> Measurement:
+    src = iter(source) if one_epoch else (lambda: iter(source))
+    m = measure(src, num_workers=args.workers, prefetch_factor=2, min_batches=args.min_batches,
+                min_time=args.min_time, max_time=args.max_time)
+    print(f"  {name:<22} {m.samples_per_s:8.0f} img/s  (p10 {m.p10_samples_per_s:.0f}, p90 "
+          f"{m.p90_samples_per_s:.0f}, {m.batches} steady batches, start-up {m.startup_s:.1f}s)", flush=True)
+    return m
+
+
+def ff_loader(path: str, args: argparse.Namespace, image_size: int | None, **kw: Any) -> Any:
+    return fastfeed.loader(path, batch_size=args.batch, image_size=image_size, num_workers=args.workers,
+                           prefetch_factor=2, rank=0, world_size=1, drop_last=True, seed=0,
+                           decode="cpu" if image_size else None, **kw)
+
+
+def measure_all(server: MotoProcess, packed: Path, loose: list[tuple[str, int]], args: argparse.Namespace,
+                image_size: int | None, tag: str) -> dict[str, Measurement]:
+    url = f"s3://{BUCKET}/packed"
+    so = server.storage_options
+    out: dict[str, Measurement] = {}
+    print(f"{tag}:", flush=True)
+    cache = Path(tempfile.mkdtemp(prefix="ff-s3-cache-", dir=args.cache_parent))
+    try:
+        out["local"] = run("local disk", ff_loader(str(packed), args, image_size), args)
+        out["s3-cold"] = run("s3, cold cache_dir", ff_loader(url, args, image_size, storage_options=so,
+                                                             cache_dir=cache), args, one_epoch=True)
+        out["s3-warm"] = run("s3, warm cache_dir", ff_loader(url, args, image_size, storage_options=so,
+                                                             cache_dir=cache), args)
+        out["s3-nocache"] = run("s3, no cache_dir", ff_loader(url, args, image_size, storage_options=so), args)
+        out["loose-get"] = run("loose, 1 GET / image", loose_loader(server, loose, args, image_size), args)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def report(results: dict[str, dict[str, Measurement]], args: argparse.Namespace) -> dict[str, Any]:
+    summary: dict[str, Any] = {"date": datetime.date.today().isoformat(), "host": str(host_info()),
+                               "args": vars(args), "runs": {}}
+    print("\nratios (goal):")
+    for tag, r in results.items():
+        rate = {k: m.samples_per_s for k, m in r.items()}
+        ratios = {
+            "s3-cold / loose-get": rate["s3-cold"] / rate["loose-get"],
+            "s3-warm / loose-get": rate["s3-warm"] / rate["loose-get"],
+            "s3-nocache / loose-get": rate["s3-nocache"] / rate["loose-get"],
+            "s3-warm / local": rate["s3-warm"] / rate["local"],
+            "s3-cold / local": rate["s3-cold"] / rate["local"],
+        }
+        goals = {"s3-cold / loose-get": 10.0, "s3-warm / local": 0.9}
+        for k, v in ratios.items():
+            goal = f"(goal >= {goals[k]}: {'met' if v >= goals[k] else 'NOT met'})" if k in goals and tag == "decode" else ""
+            print(f"  [{tag}] {k:<24} {v:6.2f}x {goal}")
+        summary["runs"][tag] = {"img_per_s": rate, "ratios": ratios,
+                                "p10": {k: m.p10_samples_per_s for k, m in r.items()},
+                                "p90": {k: m.p90_samples_per_s for k, m in r.items()}}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--per-shard", type=int, default=250, help="images per shard")
+    p.add_argument("--workers", type=int, default=cpu_count())
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--min-batches", type=int, default=20)
+    p.add_argument("--min-time", type=float, default=5.0)
+    p.add_argument("--max-time", type=float, default=40.0)
+    p.add_argument("--io-only", action="store_true", help="also measure with decode=None")
+    p.add_argument("--latency-ms", type=float, default=0.0,
+                   help="delay every request by this much (a proxy in front of moto), as a distant store would")
+    p.add_argument("--data", type=Path, default=REPO / "bench-data" / "s3")
+    p.add_argument("--cache-parent", default=None, help="where the cache_dir is made (default: TMPDIR)")
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    imgs, packed = prepare_data(args.data, args.images, args.per_shard)
+    with MotoProcess(args.latency_ms) as server:
+        loose = upload(server, imgs, packed)
+        results = {"decode": measure_all(server, packed, loose, args, args.image_size, "decode")}
+        if args.io_only:
+            results["io-only"] = measure_all(server, packed, loose, args, None, "io-only")
+    summary = report(results, args)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

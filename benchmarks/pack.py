@@ -1,0 +1,181 @@
+"""Goal: ``fastfeed pack`` at 2 workers is >= 2x as fast as the fastest peer.
+
+One generated ImageFolder (``bench-data/synth-N``: ImageNet-like JPEGs, ~500x375, q90,
+~100 KB, 100 classes; made once by ``benchmarks/_common.py`` and reused) is packed into
+~256 MB tar shards, in one run, by
+
+- ``fastfeed.pack`` with 1 and 2 worker processes (its defaults: shuffled order, sha256
+  of every shard, DALI index files, resume records, the index);
+- ``webdataset.ShardWriter``, the way its documentation writes shards: one process, a
+  loop that reads each file and writes ``{"__key__", "jpg", "cls"}`` (same keys as
+  fastfeed, same shuffled order, ``maxsize`` 256 MB);
+- ``litdata.optimize`` with the same number of workers (2), when litdata imports: a
+  function returning ``{"jpg": bytes, "cls": int}`` per file, ``chunk_bytes`` 256 MB.
+
+Every tool's time runs from the call to its return (data written to the page cache; no
+tool syncs to disk, and the previous run's output is deleted and synced away first).
+The page cache is set the same way before every run: ``cold`` drops the source files
+from it (``posix_fadvise(DONTNEED)``), ``warm`` reads them all first.
+
+Run (dev machine; ~10 minutes the first time, most of it generating the images)::
+
+    .venv-bench/bin/python benchmarks/pack.py            # with litdata (make bench-env)
+    .venv/bin/python benchmarks/pack.py                  # without litdata
+
+Prints files/s and MB/s per tool and cache state, fastfeed's ratios to each peer and to
+the fastest peer, and one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import BENCH_DATA, environment, evict, log, synth_image_folder, warm  # noqa: E402
+
+SHARD_BYTES = 256_000_000
+GOAL = 2.0
+
+
+def list_imagefolder(src: Path) -> list[tuple[str, int, str]]:
+    """(path, class index, key) for every image, classes and files sorted, then shuffled."""
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    items = []
+    for c, name in enumerate(classes):
+        for f in sorted((src / name).iterdir()):
+            items.append((str(f), c, f"{name}/{f.stem}"))
+    random.Random(0).shuffle(items)
+    return items
+
+
+def run_fastfeed(src: Path, out: Path, items: list, workers: int) -> int:
+    import fastfeed
+
+    idx = fastfeed.pack(src, out, workers=workers, shard_size=SHARD_BYTES)
+    return idx.num_samples
+
+
+def run_webdataset(src: Path, out: Path, items: list, workers: int) -> int:
+    import webdataset as wds
+
+    out.mkdir(parents=True)
+    n = 0
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=SHARD_BYTES, maxcount=10**9, verbose=0) as sink:
+        for path, cls, key in items:
+            with open(path, "rb") as f:
+                sink.write({"__key__": key, "jpg": f.read(), "cls": cls})
+            n += 1
+    return n
+
+
+def _litdata_item(item: tuple[str, int, str]) -> dict[str, Any]:
+    path, cls, _ = item
+    with open(path, "rb") as f:
+        return {"jpg": f.read(), "cls": cls}
+
+
+def run_litdata(src: Path, out: Path, items: list, workers: int) -> int:
+    from litdata import optimize
+
+    optimize(fn=_litdata_item, inputs=items, output_dir=str(out), chunk_bytes=SHARD_BYTES,
+             num_workers=workers, verbose=False, mode="overwrite")
+    return len(items)
+
+
+def _prepare(src: Path, out: Path, cache: str) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()  # the previous run's dirty output must not be written back during this one
+    (evict if cache == "cold" else warm)(src)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=20_000, help="JPEGs to pack (default 20000)")
+    ap.add_argument("--cache", choices=["cold", "warm", "both"], default="both")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool and cache state (median)")
+    ap.add_argument("--skip", default="", help="comma-separated tools to leave out (e.g. litdata)")
+    args = ap.parse_args(argv)
+
+    env = environment()
+    src = synth_image_folder(args.images)
+    items = list_imagefolder(src)
+    total = sum(os.path.getsize(p) for p, _, _ in items)
+    log(f"{len(items)} files, {total / 1e6:.0f} MB in {src}")
+    tools: list[tuple[str, Callable[..., int], int]] = [
+        ("fastfeed 1 worker", run_fastfeed, 1),
+        ("fastfeed 2 workers", run_fastfeed, 2),
+        ("webdataset.ShardWriter", run_webdataset, 1),
+    ]
+    try:
+        import litdata  # noqa: F401
+
+        tools.append(("litdata.optimize 2 workers", run_litdata, 2))
+    except ImportError:
+        log("litdata is not installed here (it needs torchvision, i.e. the 5.5 GB CUDA torch build): "
+            "run with .venv-bench/bin/python to include it")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    tools = [t for t in tools if not any(s in t[0] for s in skip)]
+    caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
+    out = BENCH_DATA / "pack-out"
+    times: dict[tuple[str, str], list[float]] = {}
+    for cache in caches:
+        for _ in range(args.repeat):
+            for name, fn, workers in tools:
+                _prepare(src, out, cache)
+                t0 = time.perf_counter()
+                n = fn(src, out, items, workers)
+                dt = time.perf_counter() - t0
+                if n != len(items):
+                    raise SystemExit(f"{name} wrote {n} samples, expected {len(items)}")
+                times.setdefault((name, cache), []).append(dt)
+                log(f"{cache:>4} {name}: {dt:.1f} s, {len(items) / dt:,.0f} files/s, {total / dt / 1e6:,.0f} MB/s")
+    shutil.rmtree(out, ignore_errors=True)
+    return _report(tools, caches, times, len(items), total, env)
+
+
+def _report(tools: list, caches: list[str], times: dict, files: int, total: int, env: dict) -> int:
+    import json
+    import statistics
+
+    print(f"\n== fastfeed pack vs peers: {files} JPEGs, {total / 1e6:.0f} MB, 256 MB tar shards")
+    print(f"{'tool':<28}" + "".join(f"{c + ' files/s':>16}{c + ' MB/s':>12}" for c in caches))
+    rates: dict[str, dict[str, float]] = {}
+    for name, _, _ in tools:
+        cells = ""
+        for c in caches:
+            dt = statistics.median(times[(name, c)])
+            rates.setdefault(c, {})[name] = files / dt
+            cells += f"{files / dt:>16,.0f}{total / dt / 1e6:>12,.0f}"
+        print(f"{name:<28}{cells}")
+    ratios: dict[str, dict[str, float]] = {}
+    met = True
+    for c in caches:
+        me = rates[c]["fastfeed 2 workers"]
+        peers = {n: r for n, r in rates[c].items() if not n.startswith("fastfeed")}
+        if not peers:
+            continue
+        ratios[c] = {n: me / r for n, r in peers.items()}
+        best = max(peers, key=peers.get)
+        ratio = me / peers[best]
+        met = met and ratio >= GOAL
+        one = rates[c]["fastfeed 1 worker"] / peers[best]
+        print(f"  {c}: fastfeed 2 workers / fastest peer ({best}) = {ratio:.2f}x "
+              f"[goal >= {GOAL:g}: {'met' if ratio >= GOAL else 'MISSED'}]; 1 worker: {one:.2f}x; "
+              + "; ".join(f"vs {n} {v:.2f}x" for n, v in ratios[c].items()))
+    env["loadavg_1m_end"] = os.getloadavg()[0]
+    print("RESULT " + json.dumps({"title": "pack", "files": files, "bytes": total, "env": env,
+                                  "seconds": {f"{n}|{c}": v for (n, c), v in times.items()},
+                                  "files_per_s": rates, "ratios": ratios, "goal": GOAL}, sort_keys=True))
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Decoders: ``fields`` (text, labels, arrays... by extension), ``cpu`` (images), ``dali`` (GPU)."""

@@ -1,0 +1,74 @@
+"""EXIF orientation of a JPEG, read from its APP1 segment without decoding anything.
+
+simplejpeg (libjpeg-turbo) ignores EXIF, so the fast path reads the orientation tag
+(0x0112) itself: a walk over the marker segments before the first scan, then one
+lookup in the TIFF IFD0. Anything malformed answers 1 (upright), like an image without
+EXIF. Pillow's :func:`PIL.ImageOps.exif_transpose` covers the other formats.
+
+Example:
+    >>> jpeg_orientation(b"\\xff\\xd8\\xff\\xd9")
+    1
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["jpeg_orientation"]
+
+_ORIENTATION_TAG = 0x0112
+
+
+def jpeg_orientation(data: bytes | memoryview) -> int:
+    """EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
+    mv = memoryview(data)
+    n = len(mv)
+    if n < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
+        return 1
+    pos = 2
+    while pos + 4 <= n:
+        if mv[pos] != 0xFF:
+            return 1
+        marker = mv[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            pos += 2
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan / end of image: no EXIF before it
+            return 1
+        seglen = (mv[pos + 2] << 8) | mv[pos + 3]
+        if marker == 0xE1 and bytes(mv[pos + 4 : pos + 10]) == b"Exif\x00\x00":
+            return _tiff_orientation(mv[pos + 10 : pos + 2 + seglen])
+        pos += 2 + seglen
+    return 1
+
+
+def _tiff_orientation(t: memoryview) -> int:
+    if len(t) < 8:
+        return 1
+    order = bytes(t[:2])
+    if order == b"II":
+        e = "<"
+    elif order == b"MM":
+        e = ">"
+    else:
+        return 1
+    try:
+        (ifd,) = struct.unpack_from(e + "I", t, 4)
+        (count,) = struct.unpack_from(e + "H", t, ifd)
+        for k in range(count):
+            entry = ifd + 2 + 12 * k
+            tag, typ = struct.unpack_from(e + "HH", t, entry)
+            if tag == _ORIENTATION_TAG:
+                if typ == 3:  # SHORT
+                    (value,) = struct.unpack_from(e + "H", t, entry + 8)
+                elif typ == 4:  # LONG
+                    (value,) = struct.unpack_from(e + "I", t, entry + 8)
+                else:
+                    return 1
+                return value if 1 <= value <= 8 else 1
+    except struct.error:
+        return 1
+    return 1

@@ -1,0 +1,273 @@
+"""``decode="cpu"``: samples -> one batch dict, images decoded in the worker processes.
+
+What a batch holds (``B`` samples):
+
+- ``"image"``: uint8 ``B x 3 x H x W`` (RGB), one tensor filled in place (channels_last
+  memory format: a view of the NHWC buffer; ``.contiguous()`` gives plain NCHW).
+  With ``image_size``: RandomResizedCrop + horizontal flip when ``augment`` (torchvision's
+  defaults ``scale=(0.08, 1)``, ``ratio=(3/4, 4/3)``), else the evaluation crop
+  (shorter side to ``size / 0.875``, central crop). Without ``image_size`` the images
+  keep their size and must all be the same.
+- ``"label"``: int64 ``B`` from the index's labels, else the ``cls`` field; the ``cls``
+  field is not repeated. Absent when the data has neither; -1 for a sample without.
+- ``"__key__"``: the list of sample keys, always.
+- every other field, decoded by :func:`fastfeed.decode.fields.decode_field` (``.json``
+  -> dict, ``.txt`` -> str, ``.cls`` -> int, ``.npy`` -> array, ...; pickles and unknown
+  types as raw bytes, never unpickled) as a list.
+
+The random crop and flip of a sample are a function of ``(seed, epoch, sample number)``
+(:func:`fastfeed.decode.geometry.uniforms`), so they do not depend on workers or ranks.
+With a ``transform``, each sample dict (``"image"`` as an upright HWC uint8 array,
+cropped when ``image_size`` is set; ``"label"`` as int; decoded fields) goes through it,
+and the results are collated by :func:`fastfeed.decode.collate.collate`.
+
+Example:
+    >>> dec = CpuDecoder(image_size=224, seed=0)          # doctest: +SKIP
+    >>> batch = dec.decode_batch(samples, ids, epoch=0, labels=None, fail=raise_it)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from fastfeed.decode.collate import batch_buffer, collate, nhwc_to_nchw
+from fastfeed.decode.fields import decode_field, is_image
+from fastfeed.decode.geometry import FLIP, NUM_UNIFORMS, center_crop, random_resized_crop, uniforms
+from fastfeed.decode.image import ImageDecoder
+from fastfeed.errors import ConfigError, SampleError
+
+__all__ = ["CpuDecoder", "Fail", "RawDecoder", "normalize_image_size", "pick_image_field"]
+
+#: Called with (position in the batch, exception) for a sample that cannot be used;
+#: raises (on_error="raise") or returns to drop the sample (on_error="skip").
+Fail = Callable[[int, BaseException], None]
+
+_PREFERRED = ("jpg", "jpeg", "png", "webp")
+# What a bad sample raises (the image decoder turns its libraries' errors into SampleError;
+# a shard reader may raise OSError)
+_BAD_DATA: tuple[type[BaseException], ...] = (SampleError, OSError, ValueError)
+
+
+def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+    """``224`` or ``(h, w)`` -> ``(h, w)``; validates.
+
+    Example:
+        >>> normalize_image_size(224), normalize_image_size((160, 128))
+        ((224, 224), (160, 128))
+    """
+    if image_size is None:
+        return None
+    if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
+        size = (int(image_size), int(image_size))
+    else:
+        try:
+            h, w = image_size  # type: ignore[misc]
+            size = (int(h), int(w))
+        except (TypeError, ValueError):
+            raise ConfigError(f"image_size={image_size!r}: give an int or (height, width)") from None
+    if min(size) < 1:
+        raise ConfigError(f"image_size={image_size!r} must be positive")
+    return size
+
+
+def pick_image_field(fields: Sequence[str]) -> str | None:
+    """The field decoded as ``"image"``: jpg, jpeg, png, webp first, then any image field.
+
+    Example:
+        >>> pick_image_field(["cls", "png", "jpg"]), pick_image_field(["txt"])
+        ('jpg', None)
+    """
+    for ext in _PREFERRED:
+        if ext in fields:
+            return ext
+    images = sorted(f for f in fields if is_image(f))
+    return images[0] if images else None
+
+
+def _label_of(sample: dict[str, Any], label: int | None) -> int | None:
+    if label is not None:
+        return int(label)
+    raw = sample.get("cls")
+    return None if raw is None else decode_field("cls", raw)
+
+
+class RawDecoder:
+    """``decode=None``: every field as raw bytes (lists), plus the index's labels if any.
+
+    Example:
+        >>> RawDecoder().decode_batch([{"__key__": "a", "txt": b"x"}], np.array([0]), 0,
+        ...                           None, None)["txt"]
+        [b'x']
+    """
+
+    def __init__(self, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        self.transform = transform
+
+    def decode_sample(self, sample: dict[str, Any], sid: int, epoch: int, label: int | None) -> dict[str, Any]:
+        out = dict(sample)
+        if label is not None and label >= 0:
+            out["label"] = int(label)
+        return self.transform(out) if self.transform is not None else out
+
+    def decode_batch(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
+                     labels: np.ndarray | None, fail: Fail | None) -> dict[str, Any]:
+        out = []
+        for j, s in enumerate(samples):
+            lab = None if labels is None else int(labels[j])
+            try:
+                out.append(self.decode_sample(s, int(ids[j]), epoch, lab))
+            except SampleError as e:
+                if fail is None:
+                    raise
+                fail(j, e)
+        return collate(out)
+
+
+class CpuDecoder:
+    """Decode, crop and collate samples on the CPU (see the module docstring).
+
+    Args:
+        image_size: output ``int`` or ``(h, w)``; None keeps the decoded size.
+        augment: RandomResizedCrop + flip (True) or the evaluation center crop (False).
+        seed: the loader's seed (crops depend on seed, epoch and sample number).
+        backend: ``"auto"``, ``"turbo"`` or ``"pillow"`` (:mod:`fastfeed.decode.image`).
+        image_field: the field to decode as ``"image"``; None picks one per sample
+            (:func:`pick_image_field`).
+        transform: called on every sample dict before collation.
+        scale: RandomResizedCrop area range.
+        ratio: RandomResizedCrop aspect-ratio range.
+        flip: random horizontal flip when augmenting.
+        crop_fraction: evaluation crop as a fraction of the shorter side.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_size: int | Sequence[int] | None = None,
+        augment: bool = True,
+        seed: int = 0,
+        backend: str = "auto",
+        image_field: str | None = None,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        crop_fraction: float = 0.875,
+    ) -> None:
+        self.image_size = normalize_image_size(image_size)
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise ConfigError(f"crop scale={scale} / ratio={ratio}: need 0 < lo <= hi (scale <= 1)")
+        if not 0 < crop_fraction <= 1:
+            raise ConfigError(f"crop_fraction={crop_fraction} must be in (0, 1]")
+        self.augment, self.seed, self.flip = bool(augment), int(seed), bool(flip)
+        self.image_field, self.transform = image_field, transform
+        self.scale, self.ratio, self.crop_fraction = tuple(scale), tuple(ratio), float(crop_fraction)
+        self.images = ImageDecoder(backend)
+
+    # ------------------------------------------------------------------ pieces
+    def _field(self, sample: dict[str, Any]) -> str:
+        f = self.image_field
+        if f is not None and f in sample:
+            return f
+        found = pick_image_field([k for k in sample if not k.startswith("__")])
+        if found is None:
+            want = f or "/".join(_PREFERRED)
+            raise SampleError(f"no image field ({want}) in this sample; pass image_field= or decode=None")
+        return found
+
+    def _box(self, u: np.ndarray | None) -> Callable[[int, int], tuple[int, int, int, int]]:
+        out_h, out_w = self.image_size  # type: ignore[misc]
+        if u is None:
+            return lambda h, w: center_crop(h, w, out_h, out_w, self.crop_fraction)
+        return lambda h, w: random_resized_crop(h, w, u, self.scale, self.ratio)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _other_fields(sample: dict[str, Any], image: str | None) -> dict[str, Any]:
+        """Decoded fields other than the image and ``cls`` (which is the label)."""
+        return {
+            k: decode_field(k, v) for k, v in sample.items()
+            if not k.startswith("__") and k != image and k != "cls"
+        }
+
+    def _uniforms(self, ids: np.ndarray, epoch: int) -> np.ndarray | None:
+        if not (self.augment and self.image_size is not None):
+            return None
+        return uniforms(seed=self.seed, epoch=epoch, ids=ids, n=NUM_UNIFORMS)
+
+    # ------------------------------------------------------------------ one sample
+    def decode_sample(self, sample: dict[str, Any], sid: int, epoch: int, label: int | None) -> dict[str, Any]:
+        """One sample dict, decoded (image as HWC uint8, upright, cropped if sized); then transform."""
+        u = self._uniforms(np.array([sid]), epoch)
+        out: dict[str, Any] = {"__key__": sample.get("__key__", "")}
+        field = None
+        if any(is_image(k) for k in sample if not k.startswith("__")):
+            field = self._field(sample)
+            out["image"] = self._decode_one(sample[field], None if u is None else u[0])
+        lab = _label_of(sample, label)
+        if lab is not None:
+            out["label"] = lab
+        out.update(self._other_fields(sample, field))
+        return self.transform(out) if self.transform is not None else out
+
+    def _decode_one(self, data: bytes, u: np.ndarray | None) -> np.ndarray:
+        if self.image_size is None:
+            return self.images.decode(data)
+        dst = np.empty((*self.image_size, 3), dtype=np.uint8)
+        flip = u is not None and self.flip and u[FLIP] < 0.5
+        self.images.decode_into(data, dst, self._box(u), flip=bool(flip))
+        return dst
+
+    # ------------------------------------------------------------------ a batch
+    def decode_batch(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
+                     labels: np.ndarray | None, fail: Fail | None) -> dict[str, Any]:
+        """Decode and collate a batch; samples that fail go to ``fail`` (None: raise)."""
+        if self.transform is not None or self.image_size is None:
+            return self._batch_generic(samples, ids, epoch, labels, fail)
+        out_h, out_w = self.image_size
+        buf, arr = batch_buffer((len(samples), out_h, out_w, 3))
+        u = self._uniforms(ids, epoch)
+        keys: list[str] = []
+        labs: list[int] = []
+        others: list[dict[str, Any]] = []
+        has_label = labels is not None
+        for j, s in enumerate(samples):
+            try:
+                field = self._field(s)
+                lab = _label_of(s, None if labels is None else int(labels[j]))
+                fields = self._other_fields(s, field)
+                flip = u is not None and self.flip and u[j, FLIP] < 0.5
+                box = self._box(None if u is None else u[j])
+                self.images.decode_into(s[field], arr[len(keys)], box, flip=bool(flip))
+            except _BAD_DATA as e:
+                if fail is None or isinstance(e, ConfigError):
+                    raise
+                fail(j, e)
+                continue
+            keys.append(s.get("__key__", ""))
+            has_label = has_label or lab is not None
+            labs.append(-1 if lab is None else lab)
+            others.append(fields)
+        batch: dict[str, Any] = {"image": nhwc_to_nchw(buf[: len(keys)]), "__key__": keys}
+        if has_label:
+            batch["label"] = torch.tensor(labs, dtype=torch.int64)
+        names: dict[str, None] = {}
+        for f in others:
+            names.update(dict.fromkeys(f))
+        for k in names:
+            batch[k] = [f.get(k) for f in others]
+        return batch
+
+    def _batch_generic(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
+                       labels: np.ndarray | None, fail: Fail | None) -> dict[str, Any]:
+        out = []
+        for j, s in enumerate(samples):
+            try:
+                out.append(self.decode_sample(s, int(ids[j]), epoch, None if labels is None else int(labels[j])))
+            except _BAD_DATA as e:
+                if fail is None or isinstance(e, ConfigError):
+                    raise
+                fail(j, e)
+        return collate(out)

@@ -1,0 +1,126 @@
+"""Crop geometry and per-sample randomness for the CPU image decoder (pure numpy).
+
+Random augmentation draws come from a counter-based hash of ``(seed, epoch, sample)``
+(splitmix64), computed for a whole batch in one vectorised call, so a sample gets the
+same crop and flip whichever worker or process decodes it, and no generator object is
+created per sample.
+
+:func:`random_resized_crop` is the usual RandomResizedCrop rule: up to 10 tries of a
+random area fraction in ``scale`` and a log-uniform aspect ratio in ``ratio``, placed
+uniformly; the fallback is the largest central crop with the ratio clamped into range.
+:func:`center_crop` is the evaluation crop (resize the shorter side to
+``size / crop_fraction`` then take the central ``size``), expressed as a box in the
+original image so the decoder can crop before it resizes.
+
+Example:
+    >>> u = uniforms(seed=0, epoch=0, ids=np.array([7]), n=NUM_UNIFORMS)
+    >>> y, x, h, w = random_resized_crop(375, 500, u[0])
+    >>> 0 <= y and y + h <= 375 and 0 <= x and x + w <= 500
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["NUM_UNIFORMS", "center_crop", "dct_denominator", "random_resized_crop", "uniforms"]
+
+_TRIES = 10
+#: Uniform draws per sample: 2 per try, 2 for the placement, 1 for the flip.
+NUM_UNIFORMS = 2 * _TRIES + 3
+FLIP = NUM_UNIFORMS - 1
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(*, seed: int, epoch: int, ids: np.ndarray, n: int) -> np.ndarray:
+    """float64 ``(len(ids), n)`` uniforms in [0, 1), a pure function of (seed, epoch, id).
+
+    Example:
+        >>> a = uniforms(seed=1, epoch=2, ids=np.array([5, 9]), n=3)
+        >>> b = uniforms(seed=1, epoch=2, ids=np.array([9]), n=3)
+        >>> bool((a[1] == b[0]).all())
+        True
+    """
+    base = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+    base = _mix(base ^ np.array([epoch & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+    keys = _mix(base ^ np.asarray(ids, dtype=np.int64).astype(np.uint64))  # (B,)
+    counters = (np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN)[None, :]  # (1, n)
+    bits = _mix(keys[:, None] + counters)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def random_resized_crop(
+    height: int, width: int, u: np.ndarray,
+    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """A RandomResizedCrop box ``(top, left, height, width)`` from a row of :func:`uniforms`.
+
+    Example:
+        >>> random_resized_crop(100, 100, np.full(NUM_UNIFORMS, 0.5))
+        (23, 23, 54, 54)
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for t in range(_TRIES):
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[2 * t])
+        aspect = math.exp(log_lo + (log_hi - log_lo) * u[2 * t + 1])
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(u[2 * _TRIES] * (height - h + 1))
+            left = int(u[2 * _TRIES + 1] * (width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        w, h = width, height
+    h, w = max(1, min(h, height)), max(1, min(w, width))
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def center_crop(height: int, width: int, out_h: int, out_w: int,
+                crop_fraction: float = 0.875) -> tuple[int, int, int, int]:
+    """The evaluation crop box ``(top, left, height, width)`` in the original image.
+
+    Same as resizing the shorter side to ``max(out_h, out_w) / crop_fraction`` and taking
+    the central ``out_h x out_w`` (``Resize(256)`` + ``CenterCrop(224)`` for 224).
+
+    Example:
+        >>> center_crop(375, 500, 224, 224)
+        (23, 86, 328, 328)
+    """
+    k = max(out_h, out_w) / (crop_fraction * min(height, width))
+    h = max(1, min(height, int(round(out_h / k))))
+    w = max(1, min(width, int(round(out_w / k))))
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def dct_denominator(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
+    """The largest JPEG DCT reduction (1, 2, 4 or 8) that keeps the crop >= the output.
+
+    Only power-of-two reductions are used: libjpeg-turbo's other ratios (3/8, 5/8...)
+    are slower than decoding at full size.
+
+    Example:
+        >>> dct_denominator(400, 400, 224, 224), dct_denominator(1000, 1000, 224, 224)
+        (1, 4)
+    """
+    room = min(crop_h / out_h, crop_w / out_w)
+    d = 1
+    while d < 8 and room >= 2 * d:
+        d *= 2
+    return d

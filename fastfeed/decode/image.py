@@ -1,0 +1,305 @@
+"""Image decoding for the CPU path: DCT-scaled JPEG decode, crop and resize into a buffer.
+
+Two backends, picked by ``backend``:
+
+- ``"turbo"``: JPEGs through simplejpeg (libjpeg-turbo, ``fastdct``) and crops resized
+  with OpenCV; needs ``pip install 'fastfeed[turbo]'``. Other formats, CMYK/YCCK JPEGs
+  and anything simplejpeg rejects go through Pillow, then OpenCV.
+- ``"pillow"``: Pillow only (``Image.draft`` for the DCT scaling, ``Image.resize`` with
+  a crop box).
+- ``"auto"`` (default): ``"turbo"`` when simplejpeg and OpenCV import, else ``"pillow"``.
+
+Either way the crop is chosen first, on the header's size, and the JPEG is decoded at
+the smallest power-of-two DCT reduction (1/2, 1/4, 1/8) that still leaves the crop at
+least as large as the output, which is much cheaper than a full decode plus resize.
+EXIF orientation is applied (the crop is drawn on the upright image); grayscale, CMYK,
+palette, alpha and 16-bit images come out as 8-bit RGB (alpha dropped, as
+``Image.convert("RGB")`` does).
+
+Example:
+    >>> import numpy as np
+    >>> from fastfeed.synth import make_jpeg
+    >>> dec = ImageDecoder("pillow")
+    >>> dst = np.empty((32, 32, 3), np.uint8)
+    >>> dec.decode_into(make_jpeg(np.random.default_rng(0), (64, 48)), dst,
+    ...                 lambda h, w: (0, 0, h, w), flip=False)
+    >>> dec.decode(make_jpeg(np.random.default_rng(0), (64, 48))).shape
+    (48, 64, 3)
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import struct
+from typing import Any, Callable
+
+import numpy as np
+
+from fastfeed.decode._exif import jpeg_orientation
+from fastfeed.decode.geometry import dct_denominator
+from fastfeed.errors import ConfigError, SampleError, missing_dependency
+
+__all__ = ["BACKENDS", "Box", "ImageDecoder", "turbo_available"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "turbo", "pillow")
+
+#: Given the upright image's (height, width), return the crop (top, left, height, width).
+Box = Callable[[int, int], tuple[int, int, int, int]]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_EXIF_ORIENTATION = 0x0112
+
+
+# What Pillow / simplejpeg / OpenCV raise on bad bytes (Pillow: OSError incl.
+# UnidentifiedImageError, SyntaxError, EOFError, struct.error or IndexError on broken
+# headers, DecompressionBombError; simplejpeg: ValueError; OpenCV: cv2.error)
+_BAD_IMAGE: tuple[type[BaseException], ...] = (
+    OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
+)
+
+
+def _bad(e: BaseException, data: bytes) -> SampleError:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        why = f"not an image format Pillow can read; its {len(data)} bytes start with {bytes(data[:8])!r}"
+    else:
+        why = f"{type(e).__name__}: {e}"
+    return SampleError(f"cannot decode the image ({why})")
+
+
+def turbo_available() -> bool:
+    """True when simplejpeg and OpenCV import (the ``[turbo]`` extra)."""
+    try:
+        import cv2  # noqa: F401
+        import simplejpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _orient(arr: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply an EXIF orientation (1..8) to an HWC array; returns a contiguous array."""
+    if orientation == 2:
+        arr = arr[:, ::-1]
+    elif orientation == 3:
+        arr = arr[::-1, ::-1]
+    elif orientation == 4:
+        arr = arr[::-1]
+    elif orientation == 5:
+        arr = arr.transpose(1, 0, 2)
+    elif orientation == 6:
+        arr = arr.transpose(1, 0, 2)[:, ::-1]
+    elif orientation == 7:
+        arr = arr[::-1, ::-1].transpose(1, 0, 2)
+    elif orientation == 8:
+        arr = arr.transpose(1, 0, 2)[::-1]
+    return np.ascontiguousarray(arr)
+
+
+def _to_rgb(im: Any) -> Any:
+    """Any Pillow image as mode RGB (8 bits per channel)."""
+    from PIL import Image
+
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        arr = np.asarray(im).astype(np.uint32) >> 8  # 16-bit samples to 8 bits
+        return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        return Image.fromarray(np.clip(np.asarray(im), 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode in ("P", "PA") and "transparency" in im.info:
+        return im.convert("RGBA").convert("RGB")
+    return im.convert("RGB")
+
+
+class ImageDecoder:
+    """Decode image bytes to RGB uint8 arrays, optionally cropping and resizing into ``dst``.
+
+    Args:
+        backend: ``"auto"``, ``"turbo"`` or ``"pillow"`` (see the module docstring).
+
+    Not thread-safe; make one per worker process (it is cheap, and picklable before use).
+    """
+
+    def __init__(self, backend: str = "auto") -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"decode_backend={backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend == "turbo" and not turbo_available():
+            raise missing_dependency("simplejpeg", "turbo", "decode_backend='turbo'")
+        self.backend = backend
+        self._loaded_pid = -1
+        self._sj: Any = None
+        self._cv2: Any = None
+        self._errors: tuple[type[BaseException], ...] = _BAD_IMAGE
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"backend": self.backend}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["backend"])  # type: ignore[misc]
+
+    @property
+    def uses_turbo(self) -> bool:
+        """True when JPEGs go through simplejpeg + OpenCV."""
+        self._load()
+        return self._sj is not None
+
+    def _load(self) -> None:
+        if self._loaded_pid == os.getpid():
+            return
+        self._loaded_pid = os.getpid()
+        from PIL import Image
+
+        self._errors = (*_BAD_IMAGE, Image.DecompressionBombError)
+        if self.backend == "pillow" or (self.backend == "auto" and not turbo_available()):
+            self._sj = self._cv2 = None
+            return
+        import cv2
+        import simplejpeg
+
+        import torch.utils.data
+
+        if torch.utils.data.get_worker_info() is not None:
+            cv2.setNumThreads(1)  # one decode per worker process; threads only contend
+        self._sj, self._cv2 = simplejpeg, cv2
+        self._errors = (*self._errors, cv2.error)
+
+    # ------------------------------------------------------------------ full decode
+    def decode(self, data: bytes) -> np.ndarray:
+        """The whole image, upright, as an RGB uint8 ``(H, W, 3)`` array.
+
+        Raises:
+            SampleError: the bytes are not a readable image (the message says why).
+        """
+        self._load()
+        try:
+            return self._decode(data)
+        except self._errors as e:
+            raise _bad(e, data) from None
+
+    def _decode(self, data: bytes) -> np.ndarray:
+        if self._sj is not None and data[:3] == _JPEG_MAGIC:
+            arr = self._turbo(data, 1)
+            if arr is not None:
+                return arr
+        arr, _ = self._pillow(data, lambda h, w: (0, 0, h, w), None)
+        return arr
+
+    def _turbo(self, data: bytes, d: int, hw: tuple[int, int] | None = None,
+               orientation: int | None = None) -> np.ndarray | None:
+        """simplejpeg decode at reduction 1/d, upright; None when Pillow should do it."""
+        try:
+            if hw is None:
+                h, w, colorspace, _ = self._sj.decode_jpeg_header(data)
+                if colorspace in ("CMYK", "YCCK"):
+                    return None
+            else:
+                h, w = hw
+            arr = self._sj.decode_jpeg(
+                data, "RGB", fastdct=True, min_height=-(-h // d), min_width=-(-w // d)
+            )
+        except ValueError:  # anything libjpeg-turbo rejects gets a second chance in Pillow
+            return None
+        if orientation is None:
+            orientation = jpeg_orientation(data)
+        return arr if orientation == 1 else _orient(arr, orientation)
+
+    # ------------------------------------------------------------------ crop + resize
+    def decode_into(self, data: bytes, dst: np.ndarray, box: Box, *, flip: bool) -> None:
+        """Decode, crop ``box(h, w)`` of the upright image, resize into ``dst`` (HWC), flip.
+
+        Args:
+            data: encoded image bytes.
+            dst: a C-contiguous ``(out_h, out_w, 3)`` uint8 array to fill.
+            box: chooses the crop from the upright image size.
+            flip: mirror the result horizontally.
+
+        Raises:
+            SampleError: the bytes are not a readable image (the message says why).
+        """
+        self._load()
+        try:
+            self._decode_into(data, dst, box, flip)
+        except self._errors as e:
+            raise _bad(e, data) from None
+
+    def _decode_into(self, data: bytes, dst: np.ndarray, box: Box, flip: bool) -> None:
+        out_h, out_w = dst.shape[:2]
+        if self._sj is not None and data[:3] == _JPEG_MAGIC:
+            try:
+                h, w, colorspace, _ = self._sj.decode_jpeg_header(data)
+            except ValueError:
+                colorspace = "?"
+            if colorspace not in ("CMYK", "YCCK", "?"):
+                orientation = jpeg_orientation(data)
+                oh, ow = (w, h) if orientation >= 5 else (h, w)
+                top, left, ch, cw = box(oh, ow)
+                arr = self._turbo(data, dct_denominator(ch, cw, out_h, out_w), (h, w), orientation)
+                if arr is not None:
+                    self._resize_cv2(arr, (top / oh, left / ow, ch / oh, cw / ow), dst, flip)
+                    return
+        arr, rel = self._pillow(data, box, (out_h, out_w))
+        if self._cv2 is not None:
+            self._resize_cv2(arr, rel, dst, flip)
+        else:
+            self._resize_pillow(arr, rel, dst, flip)
+
+    def _pillow(self, data: bytes, box: Box, out: tuple[int, int] | None
+                ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+        """Pillow decode (DCT-drafted when ``out`` allows); returns the upright array and
+        the crop as fractions (top, left, height, width) of it."""
+        from PIL import Image
+
+        im = Image.open(io.BytesIO(data))
+        w, h = im.size
+        if im.format == "JPEG":
+            orientation = jpeg_orientation(data)
+        else:
+            orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+            orientation = orientation if 1 <= orientation <= 8 else 1
+        oh, ow = (w, h) if orientation >= 5 else (h, w)
+        top, left, ch, cw = box(oh, ow)
+        if out is not None and im.format == "JPEG":
+            d = dct_denominator(ch, cw, out[0], out[1])
+            if d > 1:
+                im.draft("RGB", (max(1, w // d), max(1, h // d)))
+        arr = np.asarray(_to_rgb(im))
+        if orientation != 1:
+            arr = _orient(arr, orientation)
+        return arr, (top / oh, left / ow, ch / oh, cw / ow)
+
+    def _resize_cv2(self, arr: np.ndarray, rel: tuple[float, float, float, float],
+                    dst: np.ndarray, flip: bool) -> None:
+        cv2 = self._cv2
+        H, W = arr.shape[:2]
+        out_h, out_w = dst.shape[:2]
+        y0 = min(H - 1, int(rel[0] * H))
+        x0 = min(W - 1, int(rel[1] * W))
+        y1 = max(y0 + 1, min(H, int(round((rel[0] + rel[2]) * H))))
+        x1 = max(x0 + 1, min(W, int(round((rel[1] + rel[3]) * W))))
+        crop = arr[y0:y1, x0:x1]
+        # area averaging where the crop is much larger than the output (no aliasing);
+        # bilinear otherwise, which DCT scaling makes the common case (and ~5x cheaper)
+        big = (y1 - y0) >= 2 * out_h or (x1 - x0) >= 2 * out_w
+        interp = cv2.INTER_AREA if big else cv2.INTER_LINEAR
+        cv2.resize(crop, (out_w, out_h), dst=dst, interpolation=interp)
+        if flip:
+            cv2.flip(dst, 1, dst=dst)  # in place
+
+    @staticmethod
+    def _resize_pillow(arr: np.ndarray, rel: tuple[float, float, float, float],
+                       dst: np.ndarray, flip: bool) -> None:
+        from PIL import Image
+
+        H, W = arr.shape[:2]
+        out_h, out_w = dst.shape[:2]
+        box = (rel[1] * W, rel[0] * H, (rel[1] + rel[3]) * W, (rel[0] + rel[2]) * H)
+        im = Image.fromarray(arr).resize((out_w, out_h), Image.BILINEAR, box=box)
+        res = np.asarray(im)
+        dst[...] = res[:, ::-1] if flip else res

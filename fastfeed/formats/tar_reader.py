@@ -1,0 +1,212 @@
+"""The loader's tar reader: one ``pread`` and a small header parser per sample.
+
+:class:`~fastfeed.formats.tar.TarShardReader` parses a sample with :mod:`tarfile`,
+which costs ~300 us per sample here: a third of the time budget of decoding a JPEG.
+Reading a sample the index located needs much less: the span's bytes in one
+``os.pread`` and, per member, its 512-byte header (name, size, type, checksum) plus
+pax / GNU long-name records. That is what :func:`parse_sample` does (~15 us); anything
+it does not recognise (sparse files, base-256 sizes it cannot trust, ...) falls back to
+the tarfile-based reader, so both always agree.
+
+Member names split into key and field the way webdataset does
+(:func:`fastfeed.formats.wds.webdataset_key`), like the index scan of WebDataset tars.
+
+Example:
+    >>> import tempfile, os
+    >>> from fastfeed.formats.tar import TarShardWriter
+    >>> p = os.path.join(tempfile.mkdtemp(), "s.tar")
+    >>> w = TarShardWriter(p); off, size = w.add("a/k0", {"txt": b"hi", "cls": b"1"}); _ = w.close()
+    >>> FastTarReader(p).read(off, size)
+    {'__key__': 'a/k0', 'cls': b'1', 'txt': b'hi'}
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, BinaryIO, Iterator
+
+from fastfeed.errors import SampleError, ShardError
+from fastfeed.formats.tar import TarShardReader
+from fastfeed.formats.wds import webdataset_key
+
+__all__ = ["FastTarReader", "parse_sample"]
+
+BLOCK = 512
+_REGULAR = (ord("0"), 0, ord("7"))
+
+
+class _Unusual(Exception):
+    """A header this parser leaves to tarfile."""
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:
+        raise _Unusual("base-256 number")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.index(b" ", pos)
+        length = int(data[pos:sp])
+        record = data[sp + 1 : pos + length - 1]  # without the trailing newline
+        k, _, v = record.partition(b"=")
+        out[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _checksum_ok(h: bytes) -> bool:
+    stored = h[148:156].split(b"\0", 1)[0].strip()
+    if not stored:
+        return False
+    want = int(stored, 8)
+    unsigned = sum(h) - sum(h[148:156]) + 8 * 32
+    if unsigned == want:
+        return True
+    signed = unsigned - 2 * sum(b for b in h if b > 127)  # old tars summed signed chars
+    return signed == want
+
+
+def _parse(buf: bytes | memoryview, name: str, base: int) -> dict[str, Any]:
+    mv = memoryview(buf)
+    n = len(mv)
+    pos = 0
+    sample: dict[str, Any] = {}
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while pos + BLOCK <= n:
+        h = bytes(mv[pos : pos + BLOCK])
+        if h.count(0) == BLOCK:
+            break
+        if not _checksum_ok(h):
+            raise SampleError(
+                f"{name}: corrupt tar header at offset {base + pos} (bad checksum); the shard is "
+                "damaged, restore it or re-run `fastfeed pack`",
+                shard=name, key=sample.get("__key__", ""), offset=base + pos,
+            )
+        typ = h[156]
+        size = int(pax["size"]) if "size" in pax else _octal(h[124:136])
+        start, end = pos + BLOCK, pos + BLOCK + size
+        if end > n:
+            raise SampleError(
+                f"{name}: member at offset {base + pos} runs past the sample's span ({size} bytes); "
+                "the index does not match this shard, re-run `fastfeed pack`",
+                shard=name, key=sample.get("__key__", ""), offset=base + pos,
+            )
+        if typ == ord("x"):
+            pax = _pax(bytes(mv[start:end]))
+        elif typ == ord("L"):
+            long_name = bytes(mv[start:end]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif typ in (ord("g"), ord("K")):
+            pass  # global pax header, GNU long link name: nothing a sample needs
+        elif typ in _REGULAR:
+            member = pax.get("path") or long_name or _header_name(h)
+            parts = webdataset_key(member)
+            if parts is not None:
+                key, ext = parts
+                if "__key__" not in sample:
+                    sample["__key__"] = key
+                elif sample["__key__"] != key:
+                    raise SampleError(
+                        f"{name}: bytes at offset {base} hold more than one sample ('{sample['__key__']}', "
+                        f"'{key}'); the index does not match this shard, re-run `fastfeed pack`",
+                        shard=name, key=key, offset=base,
+                    )
+                sample[ext] = bytes(mv[start:end])
+            pax, long_name = {}, None
+        elif typ in (ord("S"), ord("M"), ord("V")):
+            raise _Unusual(f"member type {chr(typ)}")
+        else:
+            pax, long_name = {}, None  # directories, links, devices: not sample data
+        pos = start + -(-size // BLOCK) * BLOCK
+    if "__key__" not in sample:
+        raise SampleError(
+            f"{name}: no sample member at offset {base}; the index does not match this shard, "
+            "re-run `fastfeed pack`",
+            shard=name, offset=base,
+        )
+    return sample
+
+
+def _header_name(h: bytes) -> str:
+    name = h[0:100].split(b"\0", 1)[0]
+    if h[257:263] == b"ustar\x00":  # POSIX: a prefix field precedes the name
+        prefix = h[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def parse_sample(buf: bytes | memoryview, name: str = "<tar>", offset: int = 0) -> dict[str, Any] | None:
+    """Parse the members of one sample's span; None when tarfile should do it instead.
+
+    Raises:
+        SampleError: the span is damaged or holds other than exactly one sample.
+    """
+    try:
+        return _parse(buf, name, offset)
+    except (_Unusual, ValueError):
+        return None
+
+
+class FastTarReader:
+    """Read samples of a tar shard by (offset, size): a local path or a seekable file.
+
+    Implements the shard reader protocol of :mod:`fastfeed.formats`. Reopens a path
+    after a fork; a file object belongs to the process that opened it.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
+        self._source = source
+        self._path = str(source) if isinstance(source, (str, os.PathLike)) else None
+        self.name = name or self._path or getattr(source, "path", None) or "<stream>"
+        self._fd = -1
+        self._pid = -1
+        self._slow: TarShardReader | None = None
+
+    def _read_span(self, offset: int, size: int) -> bytes | memoryview:
+        if self._path is None:
+            f = self._source
+            f.seek(offset)  # type: ignore[union-attr]
+            return f.read(size)  # type: ignore[union-attr]
+        if self._fd < 0 or self._pid != os.getpid():
+            try:
+                self._fd = os.open(self._path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise ShardError(f"{self._path}: shard is missing; restore it or re-run `fastfeed pack`") from None
+            self._pid = os.getpid()
+        return os.pread(self._fd, size, offset)
+
+    def read(self, offset: int, size: int) -> dict[str, Any]:
+        """The sample whose members start at ``offset`` and span ``size`` bytes."""
+        buf = self._read_span(offset, size)
+        if len(buf) != size:
+            raise SampleError(
+                f"{self.name}: truncated at offset {offset} (wanted {size} bytes, got {len(buf)}); "
+                "the shard is damaged, re-run `fastfeed pack` or restore it",
+                shard=self.name, offset=offset,
+            )
+        sample = parse_sample(buf, self.name, offset)
+        if sample is None:
+            sample = TarShardReader(io.BytesIO(bytes(buf)), name=self.name).read(0, size)
+        return sample
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._slow is None:
+            self._slow = TarShardReader(self._source, name=self.name)  # type: ignore[arg-type]
+        return iter(self._slow)
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1
+        if self._path is None and hasattr(self._source, "close"):
+            self._source.close()  # type: ignore[union-attr]
+        if self._slow is not None:
+            self._slow.close()
+            self._slow = None

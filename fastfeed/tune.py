@@ -1,0 +1,383 @@
+"""``fastfeed tune``: pick ``num_workers`` / ``prefetch_factor`` by measuring, not guessing.
+
+:func:`tune` measures the real loader (``fastfeed.loader()``, the same decode and
+augmentation) at candidate settings chosen by :func:`fastfeed.search.search` (climb
+workers while throughput rises, stop on a plateau, then prefetch factor, then the
+decode mode's own knobs), within a time and memory budget, and stores the result where
+``loader(num_workers="auto", prefetch_factor="auto")`` finds it
+(:mod:`fastfeed.tune_store`). Every measurement goes through :func:`fastfeed.measure.measure`.
+
+Without a stored result, :func:`resolve_auto` falls back to a heuristic (see
+:func:`heuristic_workers`) and logs a one-line hint to run ``fastfeed tune``, once per
+process.
+
+Example:
+    >>> r = fastfeed.tune("/data/imagenet-ff", batch_size=256, image_size=224)  # doctest: +SKIP
+    >>> print(r.table())                                                        # doctest: +SKIP
+    >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)  # uses it # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import time
+import types
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from fastfeed._util import format_bytes, parse_duration, parse_size
+from fastfeed.dist import local_world_size
+from fastfeed.errors import ConfigError
+from fastfeed.host import cpu_count, memory_total
+from fastfeed.measure import Measurement, measure
+from fastfeed.search import Trial, search
+from fastfeed.tune_report import TuneResult, plot_result
+from fastfeed.tune_space import SearchSpace, Setting, space_for
+from fastfeed.tune_store import TuneKey, TuneRecord, find_record, normalize_image_size, save_record
+
+__all__ = [
+    "HEURISTIC_MAX_WORKERS",
+    "TuneResult",
+    "heuristic_workers",
+    "lookup",
+    "measure_loader",
+    "resolve_auto",
+    "tune",
+]
+
+log = logging.getLogger(__name__)
+
+#: The heuristic never goes beyond this many workers per rank.
+HEURISTIC_MAX_WORKERS = 8
+_hinted = False
+
+
+# ---------------------------------------------------------------------- "auto"
+def heuristic_workers(cores: int, local_ranks: int, space: SearchSpace | None = None) -> int:
+    """Workers per rank when nothing was measured: ``min(cores // local_ranks - 1, 8)``, >= 0.
+
+    Why: the ranks on a host share its cores, so each gets ``cores // LOCAL_WORLD_SIZE``;
+    one of those stays with the training process itself (the Python step loop, CUDA
+    launches, the pin-memory thread), or it competes with its own workers. Beyond 8
+    workers per rank, CPU decode for one GPU usually stops scaling while memory keeps
+    growing (each worker holds its own dataset state and ``prefetch_factor`` batches),
+    and PyTorch itself warns above the core count. With one core per rank this gives 0:
+    loading in the main process beats a worker that fights it for the core.
+
+    Example:
+        >>> heuristic_workers(32, 4), heuristic_workers(2, 1), heuristic_workers(64, 1), heuristic_workers(8, 8)
+        (7, 1, 8, 0)
+    """
+    n = max(0, min(cores // max(1, local_ranks) - 1, HEURISTIC_MAX_WORKERS))
+    if space is not None and space.workers is not None:
+        allowed = sorted(space.workers)
+        n = max((w for w in allowed if w <= n), default=allowed[0])
+    return n
+
+
+def _check_auto(name: str, value: Any, minimum: int) -> None:
+    if value == "auto" or value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be 'auto' or an integer >= {minimum}")
+
+
+def lookup(
+    index: Any, *, batch_size: int, decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+) -> TuneRecord | None:
+    """The stored tune result for this dataset, host, local world size and loader shape.
+
+    Decode modes read their own tuned knobs here (``record.knobs``).
+
+    Example:
+        >>> rec = lookup(DatasetIndex.load(root), batch_size=256, image_size=224)  # doctest: +SKIP
+        >>> rec.num_workers, rec.knobs                                             # doctest: +SKIP
+    """
+    key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
+                          image_size=image_size, local_world_size=local_world_size())
+    return find_record(str(getattr(index, "root", "") or ""), key)
+
+
+def resolve_auto(
+    index: Any,
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    num_workers: int | str = "auto",
+    prefetch_factor: int | str | None = "auto",
+) -> tuple[int, int | None, str]:
+    """Resolve ``"auto"`` worker and prefetch settings for ``loader()``.
+
+    Explicit integers pass through untouched. ``"auto"`` takes a stored ``fastfeed
+    tune`` result whose key matches (dataset fingerprint, host, ``LOCAL_WORLD_SIZE``,
+    batch size, decode mode, image size), else :func:`heuristic_workers` and a prefetch
+    factor of 2, with a one-line hint (once per process, local rank 0 only) to run
+    ``fastfeed tune``. An "auto" prefetch factor with explicit workers takes the tuned
+    factor only when the tuned worker count is the same. With 0 workers the prefetch
+    factor is always None (PyTorch rejects one), whatever was passed.
+
+    Returns:
+        ``(num_workers, prefetch_factor or None, source)`` where source is
+        ``"explicit"``, ``"tuned"`` or ``"heuristic"`` (what decided ``num_workers``).
+
+    Example:
+        >>> resolve_auto(idx, batch_size=256, num_workers=4, prefetch_factor=2)  # doctest: +SKIP
+        (4, 2, 'explicit')
+    """
+    _check_auto("num_workers", num_workers, 0)
+    _check_auto("prefetch_factor", prefetch_factor, 1)
+    if prefetch_factor is None:
+        prefetch_factor = "auto"
+    if isinstance(num_workers, int) and (num_workers == 0 or isinstance(prefetch_factor, int)):
+        return num_workers, (prefetch_factor if num_workers else None), "explicit"
+    rec = lookup(index, batch_size=batch_size, decode=decode, image_size=image_size)
+    space = space_for(decode)
+    if isinstance(num_workers, int):  # explicit workers, "auto" prefetch
+        tuned = rec is not None and rec.num_workers == num_workers
+        pf = rec.prefetch_factor if tuned and rec is not None else space.default_prefetch
+        return num_workers, pf, "explicit"
+    if rec is not None:
+        log.info("using tuned num_workers=%d prefetch_factor=%s from %s", rec.num_workers,
+                 rec.prefetch_factor, rec.path)
+        pf = rec.prefetch_factor if prefetch_factor == "auto" else prefetch_factor
+        return rec.num_workers, (pf if rec.num_workers else None), "tuned"
+    cores, ranks = cpu_count(), local_world_size()
+    workers = heuristic_workers(cores, ranks, space)
+    pf = space.default_prefetch if prefetch_factor == "auto" else prefetch_factor
+    _hint(index, workers, cores, ranks, batch_size, decode, image_size)
+    return workers, (pf if workers else None), "heuristic"
+
+
+def _hint(index: Any, workers: int, cores: int, ranks: int, batch_size: int,
+          decode: str | None, image_size: Any) -> None:
+    global _hinted
+    if _hinted or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    _hinted = True
+    size = normalize_image_size(image_size)
+    extra = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
+    extra += f" --decode {decode}" if decode not in ("cpu", None) else ""
+    log.warning(
+        "num_workers='auto' -> %d by heuristic (%d cores, LOCAL_WORLD_SIZE=%d); measure instead "
+        "with `fastfeed tune %s --batch-size %d%s`", workers, cores, ranks,
+        getattr(index, "root", "") or "DATASET", batch_size, extra)
+
+
+# ---------------------------------------------------------------------- measuring the loader
+def measure_loader(
+    path: str | os.PathLike[str],
+    setting: Setting,
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    seconds: float = 5.0,
+    min_batches: int = 8,
+    seed: int = 0,
+    loader_kwargs: Mapping[str, Any] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
+    """Measure ``fastfeed.loader()`` at one setting (what tune and the benchmarks run).
+
+    A measurement takes about ``seconds``: at least 60% of it in steady state, and up to
+    3x longer when the setting is so slow that ``seconds`` would not hold two batches per
+    worker after warm-up (see :func:`fastfeed.measure.measure`). Epochs restart (with
+    ``set_epoch``) when the dataset is shorter than the measurement; memory of the main
+    process and its workers is sampled.
+
+    Example:
+        >>> m = measure_loader("/data/ff", Setting(4, 2), batch_size=256)  # doctest: +SKIP
+        >>> m.samples_per_s                                                # doctest: +SKIP
+    """
+    from fastfeed.loader import loader as make_loader
+
+    with warnings.catch_warnings():  # tune oversubscribes the cores on purpose
+        warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
+                                category=UserWarning)
+        dl = make_loader(str(path), batch_size=batch_size, decode=decode, image_size=image_size,
+                         shuffle=True, seed=seed, **setting.loader_kwargs(), **dict(loader_kwargs or {}))
+        epoch = 0
+
+        def one_epoch() -> Any:
+            nonlocal epoch
+            if hasattr(dl, "set_epoch"):
+                dl.set_epoch(epoch)
+            epoch += 1
+            return iter(dl)
+
+        try:
+            return measure(one_epoch, num_workers=setting.num_workers,
+                           prefetch_factor=setting.prefetch_factor, min_batches=min_batches,
+                           min_time=0.6 * seconds, min_rounds=2, max_time=3 * seconds,
+                           sample_memory=True, clock=clock)
+        finally:
+            _shutdown(dl)
+
+
+def _shutdown(dl: Any) -> None:
+    """Stop the loader's workers now, so the next setting's memory reading is its own."""
+    close = getattr(dl, "close", None)
+    if callable(close):
+        close()
+        return
+    it = getattr(dl, "_iterator", None)  # persistent workers live on DataLoader._iterator
+    stop = getattr(it, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
+        dl._iterator = None
+
+
+# ---------------------------------------------------------------------- tune()
+def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank: int) -> float:
+    """Seconds per measurement so that a typical search fits the budget.
+
+    A typical search measures the ladder up to a plateau a little past the cores (at
+    most ~7 rungs), ~3 refine/prefetch points and each knob's values.
+    """
+    from fastfeed.tune_space import worker_ladder
+
+    rungs = len(space.workers) if space.workers is not None else len(
+        [w for w in worker_ladder(cap) if w <= cores_per_rank + 2])
+    expected = min(rungs, 7) + 3 + sum(len(k.candidates(cores_per_rank)) - 1 for k in space.knobs)
+    return min(20.0, max(1.0, budget / max(1, expected)))
+
+
+def tune(
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    time_budget: str | float = "60s",
+    max_workers: int | None = None,
+    target_rate: float | None = None,
+    step_time: float | None = None,
+    memory_budget: str | int | None = None,
+    headroom: float = 0.1,
+    trial_time: float | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    store: bool = True,
+    store_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    loader_kwargs: Mapping[str, Any] | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> TuneResult:
+    """Measure the loader at candidate settings and choose ``num_workers`` / ``prefetch_factor``.
+
+    Targets are per rank: what one GPU's training step consumes. The result is stored
+    (see :mod:`fastfeed.tune_store`) so ``loader(num_workers="auto")`` uses it.
+
+    Args:
+        path: a packed dataset (folder or URL).
+        batch_size: the per-rank batch size training uses.
+        decode: the decode mode (``"cpu"``, ``"dali"``, None for raw bytes).
+        image_size: the output size training uses (decode cost depends on it).
+        time_budget: measuring time, e.g. ``"60s"`` or ``"2m"``.
+        max_workers: cap on workers (default: twice the cores per rank).
+        target_rate: samples/s the training step consumes per rank; picks the cheapest
+            setting that reaches it (plus ``headroom``) and leaves the other cores free.
+        step_time: the training step's seconds per batch instead (``target_rate =
+            batch_size / step_time``).
+        memory_budget: what main process + workers may use, e.g. ``"16GB"`` (default:
+            half of the usable memory divided by ``LOCAL_WORLD_SIZE``).
+        headroom: margin above the target (default 10%).
+        trial_time: seconds to measure each setting (start-up and warm-up included; a
+            very slow setting may take up to 3x); default: the budget divided by the
+            number of settings a search usually needs.
+        plot: write throughput against workers to this PNG (needs matplotlib).
+        store: store the result for ``loader(num_workers="auto")``.
+        store_dir: store there instead of the dataset folder / user cache.
+        seed: shuffle seed of the measured loader.
+        loader_kwargs: further ``loader()`` arguments (``augment``, ``transform``, ...).
+        on_trial: called after every measured setting (progress).
+
+    Returns:
+        A :class:`TuneResult`.
+
+    Example:
+        >>> r = tune("/data/imagenet-ff", batch_size=256, image_size=224, step_time=0.25)  # doctest: +SKIP
+        >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
+    """
+    from fastfeed.index import DatasetIndex
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
+    if target_rate is not None and step_time is not None:
+        raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
+    if step_time is not None:
+        if step_time <= 0:
+            raise ConfigError(f"step_time={step_time} must be > 0 seconds")
+        target_rate = batch_size / step_time
+    budget = parse_duration(time_budget, "time_budget")
+    if budget <= 0:
+        raise ConfigError(f"time_budget={time_budget!r} must be positive")
+    ranks = local_world_size()
+    cores = cpu_count()
+    mem_budget = (parse_size(memory_budget, "memory_budget") if memory_budget is not None
+                  else (memory_total() // (2 * ranks) or None))
+    index = DatasetIndex.load(path)
+    import fastfeed.loader  # noqa: F401  (import torch before the clock starts)
+
+    space = space_for(decode)
+    cores_per_rank = max(1, cores // ranks)
+    cap = 2 * cores_per_rank if max_workers is None else max_workers
+    per_trial = trial_time if trial_time is not None else _per_trial_time(budget, space, cap, cores_per_rank)
+    if per_trial <= 0:
+        raise ConfigError(f"trial_time={trial_time} must be > 0 seconds")
+    log.info("tune: %d cores (%d per rank), %.1f s per setting, memory budget %s", cores,
+             cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
+
+    def measure_fn(s: Setting) -> Measurement:
+        return measure_loader(index.root or path, s, batch_size=batch_size, decode=decode,
+                              image_size=image_size, seconds=per_trial, seed=seed,
+                              loader_kwargs=loader_kwargs)
+
+    start = time.monotonic()
+    out = search(measure_fn, cores=cores, space=space, local_world_size=ranks,
+                 max_workers=max_workers, target_rate=target_rate, headroom=headroom,
+                 memory_budget=mem_budget, time_budget=budget, on_trial=on_trial)
+    key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
+                          image_size=image_size, local_world_size=ranks)
+    m = out.best.measurement
+    if m is None:  # pragma: no cover - search only chooses measured trials
+        raise ConfigError("tune: the chosen setting has no measurement")
+    result = TuneResult(str(path), key, out.best.setting, m, out.trials, out.reason, target_rate,
+                        out.target_met, cores, cores_per_rank, mem_budget, budget,
+                        time.monotonic() - start, out.out_of_time)
+    if store:
+        result = _store(result, index, store_dir)
+    if plot is not None:
+        plot_result(result, plot)
+    return result
+
+
+def _store(result: TuneResult, index: Any, store_dir: Any) -> TuneResult:
+    s = result.setting
+    details = {k: v for k, v in result.to_json().items() if k not in ("key", "stored_at")}
+    rec = TuneRecord(result.key, s.num_workers, s.prefetch_factor, dict(s.knobs),
+                     result.samples_per_s,
+                     datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     details)
+    where = save_record(rec, str(index.root or result.path), store_dir)
+    return replace(result, stored_at=str(where))
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``fastfeed.tune(...)`` work whichever is imported first.
+
+    Importing this module (``from fastfeed.tune import resolve_auto``, as the loader
+    does) binds the package attribute ``fastfeed.tune`` to the module, hiding the lazily
+    exported function; calling the module calls :func:`tune`.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
+        return tune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
