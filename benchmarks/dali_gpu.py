@@ -69,7 +69,7 @@ class Config:
     batch_size: int = 256
     image_size: int = 224
     seconds: float = 5.0  # per measurement
-    tune_budget: float = 45.0  # per dataset
+    tune_budget: float = 60.0  # per dataset
     cpu_workers: int = 16
     cpu_batch_size: int = 64
     device_id: int | None = 0
@@ -225,16 +225,19 @@ def _measure(make: Callable[[], tuple[Any, Callable[[], Iterator[Any]]]], cfg: C
     (what feeding and batch assembly cost the thread that runs the training step)."""
     owner, forever = make()
     samples = 0
+    cpu0 = 0.0
 
-    def counted() -> Iterator[Any]:
-        nonlocal samples
-        for batch in forever():
-            samples += len(batch["__key__"]) if isinstance(batch, dict) and "__key__" in batch else len(
-                batch["image"] if isinstance(batch, dict) else batch)
+    def counted() -> Iterator[Any]:  # thread CPU time after the first batch (start-up excluded)
+        nonlocal samples, cpu0
+        for k, batch in enumerate(forever()):
+            if k == 0:
+                cpu0 = time.thread_time()
+            else:
+                images = batch["image"] if isinstance(batch, dict) else batch
+                samples += len(images)
             yield batch
 
     try:
-        cpu0 = time.thread_time()
         m = measure(counted, num_workers=0, min_batches=12, min_time=0.6 * cfg.seconds,
                     max_time=cfg.seconds, settle=0.5, consume=_sync(cfg))
         MAIN_THREAD_US[id(m)] = (time.thread_time() - cpu0) / max(1, samples) * 1e6
@@ -243,7 +246,7 @@ def _measure(make: Callable[[], tuple[Any, Callable[[], Iterator[Any]]]], cfg: C
         close = getattr(owner, "close", None)
         if callable(close):
             close()
-        del owner, forever
+        del owner
         gc.collect()
 
 
@@ -381,7 +384,7 @@ def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str]) -> dict[str, A
             "results": results, "best_rate": mean_rate(ff_best), "feed_us_per_sample": feed_cost(ds, cfg)}
 
 
-def report(runs: list[dict[str, Any]], cfg: Config, env: dict[str, Any]) -> dict[str, Any]:
+def report(runs: list[dict[str, Any]], cfg: Config, env: dict[str, Any], json_path: Path | None) -> dict[str, Any]:
     print(f"\n== decode='dali' vs hand-written DALI / CPU / torchvision: {cfg.samples} samples, "
           f"batch {cfg.batch_size}, {cfg.image_size}x{cfg.image_size}, "
           f"{'GPU ' + str(env.get('gpu')) if cfg.gpu else 'CPU-only DALI (smoke)'}")
@@ -411,7 +414,12 @@ def report(runs: list[dict[str, Any]], cfg: Config, env: dict[str, Any]) -> dict
         print(f"  tuned: {run['tuned']} ({run['how']})")
         out["datasets"].append({**{k: v for k, v in run.items() if k != "results"},
                                 "results": [r.to_json() for r in run["results"]]})
-    print("RESULT " + json.dumps(out, sort_keys=True, default=str))
+    text = json.dumps(out, sort_keys=True, default=str)
+    if json_path is not None:  # the long line would push the table out of a short log tail
+        json_path.write_text(text + "\n")
+        print(f"RESULT written to {json_path}")
+    else:
+        print("RESULT " + text)
     return out
 
 
@@ -471,9 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in [n for n in args.datasets.split(",") if n]:
         runs.append(run_dataset(name, data[name], cfg, set(filter(None, args.skip.split(",")))))
-    out = report(runs, cfg, env)
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=1, sort_keys=True, default=str))
+    report(runs, cfg, env, args.json)
     return 0
 
 

@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     print("confirmation medians (samples/s): " + ", ".join(f"{k} {v:,.0f}" for k, v in conf.items()))
     for name, ok, value in goals:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}: {value}")
+    if tuned.setting == Setting(0):
+        print("  note: tune chose num_workers=0 (workers did not help on this machine now); the "
+              "third ratio compares a setting with itself and shows the run-to-run noise")
     figures["goals"] = {name: ok for name, ok, _ in goals}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))

@@ -198,20 +198,37 @@ class LocalRayCluster:
         return [_ray_cli(), "start", "--address", self.address, "--node-ip-address", f"127.0.0.{k + 2}",
                 *common]
 
-    def start_node(self, k: int) -> None:
-        """Start node ``k`` (0 is the head) and wait until it runs."""
+    def start_node(self, k: int, *, wait: bool = True) -> None:
+        """Start node ``k`` (0 is the head); wait until it runs unless ``wait`` is False."""
         node = _Node(self._node_args(k), self.temp_dir / f"node{k}.log", self.env)
         if k < len(self.nodes):
             self.nodes[k] = node
         else:
             self.nodes.append(node)
-        node.wait_started(self.start_timeout)
+        if wait:
+            node.wait_started(self.start_timeout)
+
+    def _wait_for_gcs(self) -> None:
+        """Until the head's GCS accepts connections (other nodes can start joining then)."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline and self.nodes[0].alive():
+            try:
+                socket.create_connection((_HEAD_IP, self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.nodes[0].wait_started(0)  # raises with the head's log
 
     def start(self) -> "LocalRayCluster":
-        """Start every node (head first); on failure stop what was started and raise."""
+        """Start every node (the others as soon as the head's GCS listens); on failure stop
+        what was started and raise."""
         try:
-            for k in range(self.num_nodes):
-                self.start_node(k)
+            self.start_node(0, wait=False)
+            self._wait_for_gcs()
+            for k in range(1, self.num_nodes):
+                self.start_node(k, wait=False)
+            for node in self.nodes:
+                node.wait_started(self.start_timeout)
         except BaseException:
             self.stop()
             raise

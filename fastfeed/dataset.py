@@ -13,6 +13,9 @@ says; a sample that cannot be read or decoded raises
 :class:`~fastfeed.errors.SampleError` naming shard, key and offset, or with
 ``on_error="skip"`` is left out of its batch and reported in the batch's
 ``"__skipped__"`` list (which :class:`fastfeed.loader.Loader` moves into its stats).
+Each batch also carries ``"__timing__"``: the seconds its worker spent reading and
+decoding it and its CPU seconds (three ``perf_counter``/``process_time`` readings per
+batch), which the Loader also moves into its stats (:mod:`fastfeed.bottleneck`).
 
 :func:`open_dataset` gives map-style access (``len``, ``ds[i]``) for users who bring
 their own sampler.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -37,17 +41,20 @@ from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.index import DatasetIndex
 from fastfeed.partition import DEFAULT_SHUFFLE_BLOCK, EpochPlan, num_batches, plan_epoch, worker_batches
+from fastfeed.remote import is_url
 from fastfeed.source import ShardSource, check_shards, resolve_index, sample_error
 
 # check_shards, resolve_index and ShardSource live in fastfeed.source; importable from here too
-__all__ = ["SKIPPED_KEY", "ShardBatches", "ShardDataset", "ShardSource", "check_shards", "open_dataset",
-           "resolve_index"]
+__all__ = ["SKIPPED_KEY", "TIMING_KEY", "ShardBatches", "ShardDataset", "ShardSource", "check_shards",
+           "open_dataset", "resolve_index"]
 
 log = logging.getLogger(__name__)
 
 Decoder = CpuDecoder | RawDecoder
 #: Batch key holding the skip reasons of a batch (popped by the Loader).
 SKIPPED_KEY = "__skipped__"
+#: Batch key holding (read seconds, decode seconds, CPU seconds) of the batch's worker.
+TIMING_KEY = "__timing__"
 ON_ERROR = ("raise", "skip")
 
 
@@ -93,6 +100,11 @@ class ShardBatches(IterableDataset):
     def __len__(self) -> int:
         return self.num_batches
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_plan"], state["_plan_epoch"] = None, -1  # workers compute their own
+        return state
+
     def set_position(self, epoch: int, start: int) -> None:
         """Make the next pass run ``epoch`` starting at batch ``start`` (all workers)."""
         self._position.set(epoch, start)
@@ -118,6 +130,7 @@ class ShardBatches(IterableDataset):
 
     def make_batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
         """Read, decode and collate the samples ``ids`` (in that order)."""
+        t0, cpu0 = time.perf_counter(), time.process_time()
         src = self.source
         shards, locs = src.locate(ids)
         skipped: list[str] = []
@@ -138,8 +151,10 @@ class ShardBatches(IterableDataset):
             err = sample_error(src, int(shards[j]), int(locs[j, 0]), samples[k].get("__key__", ""), exc)
             self._fail(skipped, err)
 
+        t1 = time.perf_counter()
         batch = self.decoder.decode_batch(samples, ids[kept_arr], epoch, labels, fail)
         batch[SKIPPED_KEY] = skipped
+        batch[TIMING_KEY] = (t1 - t0, time.perf_counter() - t1, time.process_time() - cpu0)
         return batch
 
     def _labels(self, ids: np.ndarray) -> np.ndarray | None:
@@ -148,7 +163,8 @@ class ShardBatches(IterableDataset):
 
     def _fail(self, skipped: list[str], err: SampleError) -> None:
         if self.on_error == "raise":
-            raise err
+            raise SampleError(f"{err}; pass on_error='skip' to skip bad samples",
+                              shard=err.shard, key=err.key, offset=err.offset)
         skipped.append(str(err))
 
 
@@ -237,7 +253,13 @@ def open_dataset(
     index = resolve_index(path_or_url, cache_dir=cache_dir, cache_size=cache_size,
                           storage_options=storage_options)
     check_shards(index)
-    source = ShardSource(index, cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options)
+    max_open = 64
+    if cache_dir is None and index.shards and is_url(index.shard_path(0)):
+        max_open = 4  # whole shards held in memory: random access over many would not fit
+        log.warning("open_dataset over remote shards without cache_dir keeps %d whole shards in memory "
+                    "per process and downloads again on a miss; pass cache_dir=", max_open)
+    source = ShardSource(index, cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options,
+                         max_open=max_open)
     decoder: Decoder
     if decode == "cpu":
         decoder = CpuDecoder(image_size=image_size, augment=augment, seed=seed, backend=decode_backend,

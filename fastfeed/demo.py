@@ -11,7 +11,8 @@ Steps:
    ``ROOT/train/<class>/<image>.jpg``;
 2. :func:`pack_data`: ``fastfeed pack ROOT/train ROOT/train-ff`` (the CLI, with its
    progress bar on a terminal);
-3. :func:`show_info`: ``fastfeed info ROOT/train-ff``.
+3. :func:`show_info`: ``fastfeed info ROOT/train-ff``;
+4. :func:`tune_loader`: ``fastfeed tune ROOT/train-ff`` (stored for ``num_workers="auto"``).
 
 Example:
     $ python -m fastfeed.demo --root demo-data --images 2000
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["STEPS", "Demo", "main", "make_data", "pack_data", "show_info"]
+__all__ = ["STEPS", "Demo", "main", "make_data", "pack_data", "show_info", "tune_loader"]
 
 
 @dataclass
@@ -99,11 +100,30 @@ def show_info(demo: Demo) -> None:
     cli(["info", str(demo.dst)])
 
 
+def tune_loader(demo: Demo) -> None:
+    """``fastfeed tune``: measure num_workers / prefetch_factor for the loading step.
+
+    The loading step uses ``demo.notes["batch_size"]`` and ``["image_size"]`` with
+    ``num_workers="auto"``, so it picks up this result (tune results are keyed by them).
+    """
+    from fastfeed.cli import main as cli
+
+    demo.notes.setdefault("batch_size", 64)
+    demo.notes.setdefault("image_size", 224)
+    args = [str(demo.dst), "--batch-size", str(demo.notes["batch_size"]), "--image-size",
+            str(demo.notes["image_size"]), "--time-budget", "30s"]
+    print("$ fastfeed tune " + " ".join(args))
+    rc = cli(["tune", *args])
+    if rc != 0:
+        raise SystemExit(rc)
+
+
 #: The demo, in order: (title, step). Append to add a step.
 STEPS: list[tuple[str, Callable[[Demo], None]]] = [
     ("make an ImageNet-like dataset", make_data),
     ("pack it", pack_data),
     ("inspect it", show_info),
+    ("tune the loader for this machine", tune_loader),
 ]
 
 

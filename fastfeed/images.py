@@ -25,7 +25,6 @@ import numpy as np
 
 __all__ = [
     "IMAGE_EXTS",
-    "content_matches",
     "decode_error",
     "decode_errors",
     "field_ext",
@@ -39,10 +38,6 @@ IMAGE_EXTS = frozenset(
     {"jpg", "png", "gif", "bmp", "webp", "tif", "ppm", "pgm", "pbm", "pnm", "avif", "heic", "heif"}
 )
 _ALIASES = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "tiff": "tif"}
-#: extension -> what :func:`sniff` reports for content that matches it.
-_EXT_FORMAT = {"jpg": "jpeg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "webp",
-               "tif": "tiff", "ppm": "pnm", "pgm": "pnm", "pbm": "pnm", "pnm": "pnm",
-               "avif": "isobmff", "heic": "isobmff", "heif": "isobmff"}
 #: field extension -> Pillow format written by :func:`reencode`; other images are kept.
 _TARGETS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 _ORIENTATION = 0x0112
@@ -82,11 +77,6 @@ def sniff(data: bytes) -> str | None:
     if data[4:8] == b"ftyp":
         return "isobmff"
     return None
-
-
-def content_matches(field: str, kind: str) -> bool:
-    """True when sniffed ``kind`` is the format the field's extension names."""
-    return _EXT_FORMAT.get(field.rpartition(".")[2]) == kind
 
 
 def decode_errors() -> tuple[type[BaseException], ...]:

@@ -7,9 +7,10 @@ and wraps it in :class:`Loader`, a ``torch.utils.data.DataLoader`` subclass (so
 Lightning, Accelerate and plain loops accept it) with ``set_epoch``, ``state_dict`` /
 ``load_state_dict``, ``len()`` in batches and always-on ``stats``.
 
-Epochs: ``set_epoch(e)`` picks the epoch of the next pass. Without it, a new pass after
-a *completed* epoch moves to the next epoch by itself (so forgetting ``set_epoch`` never
-repeats an order); a new pass after an abandoned one restarts that epoch.
+Epochs: ``set_epoch(e)`` picks the epoch of the next pass. Without it, every new pass
+runs the next epoch (the first pass runs epoch 0), so a new pass always brings a new
+order, as a new pass over a shuffling DataLoader does, and forgetting ``set_epoch``
+never repeats an order.
 
 Resume: ``state_dict()`` is a few ints and strings (epoch, batches consumed, and what
 the order depends on); ``load_state_dict()`` in a fresh process (any ``num_workers``)
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import DataLoader
 
+from fastfeed._util import format_bytes
 from fastfeed.dataset import SKIPPED_KEY, ShardBatches
 from fastfeed.source import ShardSource, check_shards, resolve_index
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder, normalize_image_size
@@ -88,6 +90,7 @@ class Loader(DataLoader):
         self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
         self._resume: int | None = None  # first batch of the next pass, from load_state_dict
         self._epoch_set = False
+        self._passes = 0
 
     # ------------------------------------------------------------------ epochs
     def __len__(self) -> int:
@@ -118,8 +121,9 @@ class Loader(DataLoader):
             start, self._resume = self._resume, None
             if not self._epoch_set and start >= len(self):
                 self._epoch, start = self._epoch + 1, 0  # the saved epoch was complete
-        elif not self._epoch_set and self._consumed >= len(self) > 0:
-            self._epoch += 1  # the last pass finished its epoch: the next one is new
+        elif not self._epoch_set and self._passes > 0:
+            self._epoch += 1  # a new pass is a new epoch, as a new shuffle is in DataLoader
+        self._passes += 1
         self._epoch_set, self._consumed = False, start
         return self._epoch, start
 
@@ -333,11 +337,13 @@ def loader(
             f"{index.num_samples} samples over world_size={world_size} cannot fill one batch of "
             f"{batch_size} per rank with drop_last=True; lower batch_size or pass drop_last=False"
         )
-    workers, prefetch, source = _auto_workers(index, batch_size=batch_size, decode=decode, image_size=size,
-                                              num_workers=num_workers, prefetch_factor=prefetch_factor)
+    workers, prefetch, workers_from = _auto_workers(
+        index, batch_size=batch_size, decode=decode, image_size=size, num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+    )
+    max_open = _max_open(index, shuffle_block, cache_dir)
     if cache_dir is None and index.shards and is_url(index.shard_path(0)):
-        log.info("reading remote shards without cache_dir: every worker downloads the shards it "
-                 "reads into its own memory; pass cache_dir= to download each shard once per host")
+        _warn_no_cache(index, workers, max_open)
     decoder: CpuDecoder | RawDecoder
     if decode == "cpu":
         decoder = CpuDecoder(image_size=size, augment=augment, seed=seed, backend=decode_backend,
@@ -345,9 +351,9 @@ def loader(
                              ratio=crop_ratio, flip=flip, crop_fraction=crop_fraction)
     else:
         decoder = RawDecoder(transform)
-    source_ = ShardSource(index, cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options,
-                          max_open=_max_open(index, shuffle_block, cache_dir))
-    dataset = ShardBatches(source_, decoder, batch_size=batch_size, seed=seed, shuffle=shuffle,
+    source = ShardSource(index, cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options,
+                         max_open=max_open)
+    dataset = ShardBatches(source, decoder, batch_size=batch_size, seed=seed, shuffle=shuffle,
                            drop_last=drop_last, rank=rank, world_size=world_size,
                            shuffle_block=shuffle_block, on_error=on_error)
     return Loader(
@@ -355,7 +361,7 @@ def loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else bool(pin_memory),
         persistent_workers=persistent_workers, timeout=timeout,
         multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
-        log_every=log_every, workers_from=source,
+        log_every=log_every, workers_from=workers_from,
     )
 
 
@@ -369,6 +375,15 @@ def _max_open(index: DatasetIndex, shuffle_block: int, cache_dir: Any) -> int:
     span = -(-shuffle_block // max(1, min(counts))) + 2 if counts else 2
     remote_in_memory = cache_dir is None and len(index.shards) > 0 and is_url(index.shard_path(0))
     return span if remote_in_memory else min(512, max(64, span))
+
+
+def _warn_no_cache(index: DatasetIndex, workers: int, max_open: int) -> None:
+    per_shard = sum(s.bytes for s in index.shards) / len(index.shards)
+    log.warning(
+        "reading remote shards without cache_dir: each of the %d workers downloads the shards it reads "
+        "and keeps up to %d of them (~%s) in memory; pass cache_dir= to download each shard once per "
+        "host to local disk", max(1, workers), max_open, format_bytes(max_open * per_shard),
+    )
 
 
 class _CallableModule(types.ModuleType):

@@ -21,8 +21,9 @@
    cache miss, another process on the core), and p10/p90 of the windows show the noise.
 
 When the source runs out and ``source`` is a callable (for example ``lambda:
-iter(loader)``), a new epoch starts and goes through start-up and warm-up again;
-windows never span an epoch boundary. When no steady batch could be timed at all
+iter(loader)``), a new epoch starts and goes through start-up and warm-up again
+(shortened to half an epoch when epochs are shorter than twice the warm-up); windows
+never span an epoch boundary. When no steady batch could be timed at all
 (every epoch shorter than the warm-up), the rate falls back to whole-epoch timing and
 ``steady`` is False.
 
@@ -275,7 +276,10 @@ def measure(
         epochs.append(ep)
         it = _open(source)
         try:
-            done = _run_epoch(it, ep, samples_of, consume, warm_n, settle,
+            # an epoch too short for the warm-up keeps half of itself for timing
+            prev = epochs[-2].all_batches if len(epochs) > 1 else None
+            warm = warm_n if prev is None or prev >= 2 * warm_n else max(1, prev // 2)
+            done = _run_epoch(it, ep, samples_of, consume, warm, settle,
                               max(min_batches, min_rounds * num_workers), min_time, deadline,
                               epochs, peak, clock)
         finally:

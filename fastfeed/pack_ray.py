@@ -88,10 +88,9 @@ def shard_plan(plan: PackPlan, number: int) -> PackPlan:
 def _node() -> str:
     try:
         import ray
-
-        return str(ray.util.get_node_ip_address())
-    except Exception:  # outside Ray (tests calling the task body directly)
+    except ImportError:  # pragma: no cover - tasks only run where Ray is installed
         return socket.gethostname()
+    return str(ray.util.get_node_ip_address())
 
 
 def _check_visible(sub: PackPlan, local_dst: bool) -> None:
@@ -296,4 +295,23 @@ def _run(ray: Any, plan: PackPlan, dest: RemoteDest | None, max_retries: int, me
         raise
     log.info("%s; %d reused from an earlier run; shards per node: %s", meter.line(), meter.reused,
              ", ".join(f"{node} {count}" for node, count in sorted(meter.nodes.items())))
-    return [results[n] for n in range(len(plan.shards))]
+    ordered = [results[n] for n in range(len(plan.shards))]
+    if dest is None:
+        _check_shards_here(plan, ordered)
+    return ordered
+
+
+def _check_shards_here(plan: PackPlan, results: list[ShardResult]) -> None:
+    """Every shard a node wrote must be in DST as the driver sees it (else DST is not shared)."""
+    for r in results:
+        path = os.path.join(plan.dst, r.name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = -1
+        if size != r.bytes:
+            raise DestinationError(
+                f"{path}: written by a Ray node but {'missing' if size < 0 else 'of another size'} here "
+                "on the driver, so DST is not one shared file system; pack into a folder every node "
+                "and the driver mount at the same path, or into an object-store URL (s3://bucket/prefix)"
+            )

@@ -7,7 +7,8 @@ of a rank never depends on ``num_workers``, and resuming is "skip the first k ba
 How an epoch is laid out:
 
 1. **Global order.** With ``shuffle``, the shards are permuted (a new permutation every
-   epoch) and the samples inside each shard are permuted too; the shards are then
+   epoch) and the samples inside each shard are permuted too (each shard by its own
+   generator, so a rank only computes the shards it reads); the shards are then
    concatenated, so the global order is shard-contiguous. Without ``shuffle`` it is the
    index order.
 2. **Equal share per rank.** ``drop_last=False``: every rank gets
@@ -50,6 +51,7 @@ __all__ = [
     "EpochPlan",
     "epoch_order",
     "num_batches",
+    "order_span",
     "plan_epoch",
     "samples_per_rank",
     "worker_batches",
@@ -61,6 +63,7 @@ DEFAULT_SHUFFLE_BLOCK = 8192
 # Distinct streams of randomness derived from one user seed.
 _SHARD_STREAM = 0x5EED_0001
 _BLOCK_STREAM = 0x5EED_0002
+_SAMPLE_STREAM = 0x5EED_0003
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,52 @@ def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last
     return -(-per_rank // batch_size)
 
 
+def _shard_order(counts: np.ndarray, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(len(counts))
+    return np.random.default_rng([_SHARD_STREAM, seed, epoch]).permutation(len(counts))
+
+
+def _in_shard(start: int, count: int, shard: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(start, start + count, dtype=np.int64)
+    return start + np.random.default_rng([_SAMPLE_STREAM, seed, epoch, shard]).permutation(count)
+
+
+def order_span(counts: Sequence[int] | np.ndarray, *, seed: int, epoch: int, shuffle: bool,
+               start: int, stop: int) -> np.ndarray:
+    """Positions ``[start, stop)`` of the epoch's global order (cyclic past the end).
+
+    Only the shards overlapping the span are shuffled, so a rank's share costs memory
+    and time in proportion to the share, not to the dataset.
+
+    Example:
+        >>> order_span([2, 2], seed=0, epoch=0, shuffle=False, start=3, stop=6).tolist()
+        [3, 0, 1]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    order = _shard_order(counts, seed, epoch, shuffle)
+    ends = np.cumsum(counts[order])  # end position of each shard in the global order
+    parts: list[np.ndarray] = []
+    pos = start
+    while pos < stop:
+        a = pos % total
+        b = min(total, a + (stop - pos))
+        k = int(np.searchsorted(ends, a, side="right"))
+        while a < b:
+            s = int(order[k])
+            first = int(ends[k] - counts[s])
+            block = _in_shard(int(starts[s]), int(counts[s]), s, seed, epoch, shuffle)
+            take = block[a - first : min(b, int(ends[k])) - first]
+            parts.append(take)
+            a += len(take)
+            pos += len(take)
+            k += 1
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def epoch_order(shard_counts: Sequence[int] | np.ndarray, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     """The global, shard-contiguous order of all samples for one epoch (step 1).
 
@@ -128,26 +177,14 @@ def epoch_order(shard_counts: Sequence[int] | np.ndarray, *, seed: int, epoch: i
         >>> epoch_order([2, 2], seed=0, epoch=0, shuffle=False).tolist()
         [0, 1, 2, 3]
     """
-    counts = np.asarray(shard_counts, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    total = int(counts.sum())
-    if not shuffle:
-        return np.arange(total, dtype=np.int64)
-    rng = np.random.default_rng([_SHARD_STREAM, seed, epoch])
-    out = np.empty(total, dtype=np.int64)
-    pos = 0
-    for s in rng.permutation(len(counts)):
-        n = int(counts[s])
-        out[pos : pos + n] = starts[s] + rng.permutation(n)
-        pos += n
-    return out
+    total = int(np.asarray(shard_counts, dtype=np.int64).sum())
+    return order_span(shard_counts, seed=seed, epoch=epoch, shuffle=shuffle, start=0, stop=total)
 
 
 def _block_shuffle(span: np.ndarray, block: int, rng: np.random.Generator) -> np.ndarray:
-    out = span.copy()
-    for a in range(0, len(out), block):
-        rng.shuffle(out[a : a + block])
-    return out
+    for a in range(0, len(span), block):
+        rng.shuffle(span[a : a + block])
+    return span
 
 
 def plan_epoch(
@@ -188,16 +225,12 @@ def plan_epoch(
     if shuffle_block < 1:
         raise ConfigError(f"shuffle_block={shuffle_block} must be >= 1")
     per_rank = samples_per_rank(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
-    order = epoch_order(counts, seed=seed, epoch=epoch, shuffle=shuffle)
-    needed = per_rank * world_size
-    if needed > total:
-        order = np.resize(order, needed)  # repeats the first samples, cyclically
-    span = order[rank * per_rank : (rank + 1) * per_rank]
+    # positions past N wrap around: the padding repeats the first samples of the order
+    span = order_span(counts, seed=seed, epoch=epoch, shuffle=shuffle,
+                      start=rank * per_rank, stop=(rank + 1) * per_rank)
     if shuffle and shuffle_block > 1:
         rng = np.random.default_rng([_BLOCK_STREAM, seed, epoch, world_size, rank])
         span = _block_shuffle(span, shuffle_block, rng)
-    else:
-        span = span.copy()
     return EpochPlan(samples=span, batch_size=batch_size, num_batches=-(-per_rank // batch_size))
 
 

@@ -328,7 +328,7 @@ def _choose(c: _Ctx, target_rate: float | None, headroom: float) -> tuple[Trial,
     ok = [t for t in c.run.trials if t.ok]
     cost = lambda t: _cost(t, c.space, c.cores_per_rank)  # noqa: E731
     top = max(ok, key=lambda t: t.rate)
-    left = lambda t: max(0, c.cores_per_rank - t.setting.num_workers)  # noqa: E731
+    left = lambda t: max(0, c.cores_per_rank - c.space.cores_used(t.setting))  # noqa: E731
     if c.goal is not None and target_rate is not None:
         meeting = [t for t in ok if c.meets(t)]
         if meeting:

@@ -195,10 +195,6 @@ class ShardSource:
     def read_at(self, s: int, offset: int, size: int) -> dict[str, Any]:
         return self.reader(s).read(offset, size)
 
-    def where(self, s: int, offset: int) -> str:
-        unit = "record" if self.index.format == "lmdb" else "offset"
-        return f"{self.shard_name(s)} ({unit} {offset})"
-
 
 def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
     """``exc`` as a SampleError that names shard, key and offset (kept if it already does)."""
@@ -209,5 +205,4 @@ def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseExcep
     name = src.shard_name(s)
     what = f"sample '{key}'" if key else "a sample"
     unit = "record" if src.index.format == "lmdb" else "offset"
-    return SampleError(f"{name}: {what} at {unit} {offset}: {exc}; pass on_error='skip' to skip bad samples",
-                       shard=name, key=key, offset=offset)
+    return SampleError(f"{name}: {what} at {unit} {offset}: {exc}", shard=name, key=key, offset=offset)

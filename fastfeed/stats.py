@@ -5,7 +5,10 @@ time spent inside ``next()`` (the *wait*: the loop had nothing to do) and the ti
 the previous batch was handed out (the *step time*: wait plus the loop's own work).
 From these come the wait fraction (wait / step time; near 0 means data is not the
 bottleneck), samples/s, and the number of samples skipped with ``on_error="skip"``
-(counted in the workers and sent back with each batch).
+(counted in the workers and sent back with each batch). Where the loader reports it
+(:meth:`LoaderStats.record_work`), the time the workers spent reading and decoding each
+batch is summed too, which tells storage-bound from decode-bound
+(:mod:`fastfeed.bottleneck`).
 
 The cost is two ``time.perf_counter()`` calls and a few additions per batch. The first
 batch of every pass is timed apart (``first_batch_s``: worker start-up and prefetch)
@@ -85,7 +88,9 @@ class LoaderStats:
         self._recent: deque[float] = deque(maxlen=self._recent_len)
         self._last_out: float | None = None
         self._pass_start = self.clock()
-        self._mark = (0, 0.0, 0.0, 0, 0)  # steps, wait, busy, samples, skipped at last log
+        self._load = (0.0, 0.0, 0.0, 0)  # steady read s, decode s, CPU s, batches (record_work)
+        self._pending: tuple[float, float, float] | None = None
+        self._mark = (0, 0.0, 0.0, 0, 0, self._load)  # steps, wait, busy, samples, skipped, load at last log
 
     # ------------------------------------------------------------------ recording
     def begin_pass(self) -> None:
@@ -97,6 +102,7 @@ class LoaderStats:
     def record(self, wait_s: float, now: float, samples: int, skipped: int = 0,
                messages: list[str] | None = None) -> None:
         """Record one step: ``wait_s`` in ``next()``, the batch handed out at ``now``."""
+        work, self._pending = self._pending, None
         self.steps += 1
         self.samples += samples
         if skipped:
@@ -108,9 +114,16 @@ class LoaderStats:
             self._busy += now - self._last_out
             self._steady_samples += samples
             self._recent.append(wait_s)
+            if work is not None:
+                r, d, c, n = self._load
+                self._load = (r + work[0], d + work[1], c + work[2], n + 1)
         self._last_out = now
         if self.log_every and self.steps % self.log_every == 0:
             self._log_line()
+
+    def record_work(self, read_s: float, decode_s: float, cpu_s: float) -> None:
+        """Where the next recorded step's batch came from: its worker's read, decode and CPU seconds."""
+        self._pending = (float(read_s), float(decode_s), float(cpu_s))
 
     def _record_skips(self, skipped: int, messages: list[str]) -> None:
         if self.skipped == 0 and messages:
@@ -156,7 +169,9 @@ class LoaderStats:
         Keys: ``steps``, ``samples``, ``skipped``, ``passes``, ``first_batch_s``,
         ``wait_s``, ``step_s`` (steady-state totals), ``wait_fraction``,
         ``samples_per_s``, ``mean_wait_ms``, ``p50_wait_ms``, ``p95_wait_ms`` (over the
-        last ``recent`` steps).
+        last ``recent`` steps), and where the loader reports them (:meth:`record_work`)
+        ``read_s``, ``decode_s``, ``load_cpu_s``: steady-state seconds the workers spent
+        reading and decoding, and their CPU seconds, over ``load_batches`` batches.
         """
         steady = max(1, len(self._recent))
         recent = np.fromiter(self._recent, dtype=np.float64) if self._recent else np.zeros(1)
@@ -173,13 +188,18 @@ class LoaderStats:
             "mean_wait_ms": round(float(recent.sum()) / steady * 1e3, 3),
             "p50_wait_ms": round(float(np.percentile(recent, 50)) * 1e3, 3),
             "p95_wait_ms": round(float(np.percentile(recent, 95)) * 1e3, 3),
+            "read_s": round(self._load[0], 6),
+            "decode_s": round(self._load[1], 6),
+            "load_cpu_s": round(self._load[2], 6),
+            "load_batches": self._load[3],
         }
 
     def window(self) -> dict[str, Any]:
         """Figures since the previous periodic log line (or since the start)."""
-        steps0, wait0, busy0, samples0, skipped0 = self._mark
+        steps0, wait0, busy0, samples0, skipped0, load0 = self._mark
         busy = self._busy - busy0
         wait = self._wait - wait0
+        load = [a - b for a, b in zip(self._load, load0)]
         return {
             "steps": self.steps - steps0,
             "last_step": self.steps,
@@ -188,6 +208,10 @@ class LoaderStats:
             "wait_fraction": wait / busy if busy > 0 else 0.0,
             "samples_per_s": (self._steady_samples - samples0) / busy if busy > 0 else 0.0,
             "skipped": self.skipped - skipped0,
+            "read_s": load[0],
+            "decode_s": load[1],
+            "load_cpu_s": load[2],
+            "load_batches": int(load[3]),
         }
 
     def add_line_hook(self, hook: LineHook) -> None:
@@ -206,7 +230,7 @@ class LoaderStats:
 
     def _log_line(self) -> None:
         log.info("%s", self.line(self.window()))
-        self._mark = (self.steps, self._wait, self._busy, self._steady_samples, self.skipped)
+        self._mark = (self.steps, self._wait, self._busy, self._steady_samples, self.skipped, self._load)
 
     def __repr__(self) -> str:
         s = self.summary()

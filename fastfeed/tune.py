@@ -22,9 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import time
-import types
 import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
@@ -366,18 +364,3 @@ def _store(result: TuneResult, index: Any, store_dir: Any) -> TuneResult:
                      details)
     where = save_record(rec, str(index.root or result.path), store_dir)
     return replace(result, stored_at=str(where))
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``fastfeed.tune(...)`` work whichever is imported first.
-
-    Importing this module (``from fastfeed.tune import resolve_auto``, as the loader
-    does) binds the package attribute ``fastfeed.tune`` to the module, hiding the lazily
-    exported function; calling the module calls :func:`tune`.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -96,7 +96,7 @@ class TuneResult:
                 f"{m.p10_samples_per_s:,.0f}..{m.p90_samples_per_s:,.0f}" if m else "-",
                 format_bytes(m.memory_bytes) if m and m.memory_bytes is not None else "-",
                 f"{t.seconds:.1f}s",
-                t.status,
+                t.status if m is None or m.steady else f"{t.status} (no steady state: short epochs)",
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         right = {2, 3, 5, 6, 7, 8}
@@ -177,6 +177,9 @@ def plot_result(result: TuneResult, png: str | os.PathLike[str]) -> Path:
             linestyle="none", label="chosen")
     if result.target_rate:
         ax.axhline(result.target_rate, color="gray", linestyle="--", label="target")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s (median of windows)")
     ax.set_title(f"fastfeed tune: batch {result.key.batch_size}, decode={result.key.decode}, "

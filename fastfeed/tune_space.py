@@ -49,12 +49,15 @@ class Knob:
             returning them (e.g. thread counts up to the cores).
         default: the value used while other parts of the setting are searched.
         help: one line for ``fastfeed tune`` output.
+        uses_cores: the value is a number of busy CPU threads (e.g. decode threads); it
+            counts with the workers when tune says how many cores are left to training.
     """
 
     name: str
     values: Sequence[Any] | Callable[[int], Sequence[Any]]
     default: Any
     help: str = ""
+    uses_cores: bool = False
 
     def candidates(self, cores_per_rank: int) -> tuple[Any, ...]:
         vals = self.values(cores_per_rank) if callable(self.values) else self.values
@@ -76,6 +79,12 @@ class SearchSpace:
     prefetch: tuple[int, ...] = (1, 2, 4, 8)
     default_prefetch: int = 2
     knobs: tuple[Knob, ...] = ()
+
+    def cores_used(self, setting: "Setting") -> int:
+        """CPU cores a setting keeps busy: its workers plus knobs that are thread counts."""
+        knobs = dict(setting.knobs)
+        threads = sum(int(knobs.get(k.name, k.default)) for k in self.knobs if k.uses_cores)
+        return setting.num_workers + threads
 
 
 #: decode mode -> "module:attribute" of its SearchSpace, imported only when tuned.

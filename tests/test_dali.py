@@ -517,3 +517,60 @@ def test_fastfeed_tune_decode_dali_end_to_end(dali: Any, packed: Path) -> None:
     dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", device_id=None)
     assert dl.options.knobs_from == "tuned"
     assert {k: getattr(dl.options, k) for k in knobs} == knobs
+
+
+# ---------------------------------------------------------------------- real ranks
+def _dali_rank(rank: int, world: int, root: str, out: str, init: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        dl = fastfeed.loader(root, batch_size=3, image_size=16, decode="dali", device_id=None, num_threads=1,
+                             hw_decoder_load=0.65, prefetch_queue_depth=2, seed=5)
+        epochs = []
+        for epoch in range(2):
+            dl.set_epoch(epoch)
+            keys: list[str] = []
+            for batch in dl:
+                step = torch.ones(1)
+                dist.all_reduce(step)  # hangs if another rank ran out of batches
+                keys += batch["__key__"]
+            epochs.append(keys)
+        Path(out).write_text(json.dumps({"rank": dl.rank, "world": dl.world_size, "len": len(dl),
+                                         "epochs": epochs}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_three_gloo_ranks_take_rank_from_torch_distributed(dali: Any, packed: Path, tmp_path: Path) -> None:
+    import json
+    import multiprocessing as mp
+    from collections import Counter
+
+    # fresh processes like torchrun's (DALI's threads do not survive a fork of this one); the
+    # fork server imports torch and DALI once, so the ranks start fast
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "nvidia.dali", "fastfeed.decode.dali", "test_dali"])
+    outs = [tmp_path / f"rank{r}.json" for r in range(3)]
+    procs = [ctx.Process(target=_dali_rank, args=(r, 3, str(packed), str(outs[r]), str(tmp_path / "init")))
+             for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} hung (unequal steps?)"
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    results = [json.loads(o.read_text()) for o in outs]
+    assert [(r["rank"], r["world"]) for r in results] == [(0, 3), (1, 3), (2, 3)]
+    assert len({r["len"] for r in results}) == 1
+    for e in range(2):
+        counts = Counter(k for r in results for k in r["epochs"][e])
+        assert len(counts) == 37 and sum(counts.values()) == 39  # 37 samples + 2 repeated slots
+    assert results[0]["epochs"][0] != results[0]["epochs"][1]

@@ -12,6 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+
+import fastfeed
 
 from _loader_data import write_dataset
 
@@ -21,11 +25,6 @@ EPOCHS = 2
 
 
 def run_rank(rank: int, world: int, root: str, out: str, init: str, workers: int, drop_last: bool) -> None:
-    import torch
-    import torch.distributed as dist
-
-    import fastfeed
-
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         dl = fastfeed.loader(root, batch_size=3, num_workers=workers, drop_last=drop_last, seed=5,

@@ -377,3 +377,13 @@ def test_import_fastfeed_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_fast_tar_header_equals_tarfile() -> None:
+    from fastfeed.formats.tar import _header, _tarfile_header
+
+    names = ["a", "n01440764/n01440764_10026.jpg", "x" * 100, "y" * 101, "caf\u00e9/b.jpg",
+             "with space.txt", "deep/" * 19 + "k.cls"]
+    for name in names:
+        for size in (0, 1, 511, 512, 100_000, 8**11 - 1, 8**11):
+            assert _header(name, size) == _tarfile_header(name, size), (name, size)

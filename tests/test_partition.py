@@ -12,6 +12,7 @@ from fastfeed.errors import ConfigError
 from fastfeed.partition import (
     epoch_order,
     num_batches,
+    order_span,
     plan_epoch,
     samples_per_rank,
     worker_batches,
@@ -91,6 +92,16 @@ def test_shard_order_and_in_shard_order_change_every_epoch() -> None:
         firsts.append(tuple(runs))
         inner.append(tuple(order[shards == 0].tolist()))
     assert len(set(firsts)) == 4 and len(set(inner)) == 4
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_span_is_a_slice_of_the_cyclic_order(shuffle: bool) -> None:
+    counts = shard_counts(1000, seed=3)
+    full = epoch_order(counts, seed=1, epoch=2, shuffle=shuffle)
+    assert sorted(full.tolist()) == list(range(1000))
+    for a, b in [(0, 1000), (10, 300), (990, 1010), (0, 2500), (5, 5)]:
+        span = order_span(counts, seed=1, epoch=2, shuffle=shuffle, start=a, stop=b)
+        assert span.tolist() == [int(full[i % 1000]) for i in range(a, b)]
 
 
 def test_no_shuffle_is_index_order() -> None:

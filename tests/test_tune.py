@@ -123,6 +123,18 @@ def test_measure_restarts_epochs_and_never_times_across_them() -> None:
     assert m.startup_s == pytest.approx(5.0)
 
 
+def test_measure_epochs_shorter_than_the_warmup() -> None:
+    clock = FakeClock()
+
+    def epoch() -> Iterator[list[int]]:
+        return stream(clock, [1.0] + [0.1] * 5)  # 6 batches, warm-up would want 4 x 2 = 8
+
+    m = measure(epoch, num_workers=4, prefetch_factor=2, settle=0.0, min_batches=1,
+                min_time=0.0, max_time=1000, clock=clock)
+    assert m.steady and m.epochs == 4  # 3 steady batches per later epoch, 8 needed
+    assert m.samples_per_s == pytest.approx(100.0)
+
+
 def test_measure_respects_max_time_and_short_sources() -> None:
     clock = FakeClock()
     m = measure(stream(clock, [0.5] * 1000), warmup_batches=1, settle=0.0, min_batches=10**6,
@@ -310,7 +322,8 @@ def test_search_failed_setting_stops_the_climb() -> None:
 
 def test_search_decode_knobs() -> None:
     space = SearchSpace(workers=(0,), knobs=(
-        Knob("num_threads", lambda cores: [n for n in (1, 2, 4, 8) if n <= cores], default=2),
+        Knob("num_threads", lambda cores: [n for n in (1, 2, 4, 8) if n <= cores], default=2,
+             uses_cores=True),
         Knob("hw_decoder_load", (0.0, 0.5, 0.9), default=0.5)))
 
     def curve(s: Setting) -> float:
@@ -323,6 +336,7 @@ def test_search_decode_knobs() -> None:
     assert out.best.setting.loader_kwargs() == {"num_workers": 0, "prefetch_factor": None,
                                                 "num_threads": 4, "hw_decoder_load": 0.9}
     assert all(s.num_workers == 0 for s in bench.calls)
+    assert "leaves 4 of 8 cores" in out.reason  # the 4 decode threads count as busy cores
 
 
 def test_worker_ladder_and_setting() -> None:

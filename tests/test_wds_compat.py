@@ -365,3 +365,13 @@ def test_paths_that_do_not_exist_say_so(tmp_path: Path) -> None:
 def test_remote_prefix_that_does_not_exist(s3_server: Any, s3_bucket: str) -> None:
     with pytest.raises(ConfigError, match="nothing there"):
         open_index(f"s3://{s3_bucket}/nope", storage_options=s3_server.storage_options)
+
+
+def test_unfinished_pack_is_not_mistaken_for_webdataset(tmp_path: Path) -> None:
+    from fastfeed.errors import IndexMismatchError
+    from fastfeed.packplan import RESUME_DIR
+
+    (tmp_path / "shard-000000.tar").write_bytes(_tar_bytes(3))
+    (tmp_path / RESUME_DIR).mkdir()
+    with pytest.raises(IndexMismatchError, match="did not finish"):
+        open_index(str(tmp_path))

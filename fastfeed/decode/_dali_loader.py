@@ -156,6 +156,8 @@ class DaliLoader:
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._other = [e for e in self._table.exts if e != self._label_field]
+        self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
+                                     minlength=len(self._table.exts)) > 0
         self._num_batches = num_batches(index.num_samples, world_size=options.world_size,
                                         batch_size=options.batch_size, drop_last=options.drop_last)
         self._plans: dict[int, EpochPlan] = {}
@@ -428,9 +430,12 @@ class DaliLoader:
     def _field_values(self, ext: str, ids: np.ndarray) -> tuple[list[Any] | None, list[int]]:
         """Another field of the batch decoded like the CPU path, or None when no sample
         here has it (beside as its image); and the rows that failed with on_error='skip'."""
+        image_ext = self._table.exts.index(ext)
+        as_image = self._as_image[image_ext]  # does any sample decode this field as its image?
         real = ids[ids >= 0]
         has = self._table.field_offsets[ext][real] >= 0
-        has &= self._table.image_ext[real] != self._table.exts.index(ext)
+        if as_image:
+            has &= self._table.image_ext[real] != image_ext
         if not has.any():
             return None, []
         safe = np.maximum(ids, 0)
@@ -448,9 +453,10 @@ class DaliLoader:
                     bad.append(j)
                     self._skip_reasons[i] = str(e)
             return values, bad
-        image_ext = self._table.exts.index(ext)
-        is_image = (self._table.image_ext[safe] == image_ext).tolist()
-        return [None if img else v for v, img in zip(values, is_image)], []
+        if as_image:
+            is_image = (self._table.image_ext[safe] == image_ext).tolist()
+            values = [None if img else v for v, img in zip(values, is_image)]
+        return values, []
 
     # ------------------------------------------------------------------ failures
     def _failed(self, error: RuntimeError, epoch: int, step: int) -> None:

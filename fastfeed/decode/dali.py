@@ -58,8 +58,8 @@ Example:
     ...                      decode="dali", output="float16")            # doctest: +SKIP
     >>> for epoch in range(90):                                          # doctest: +SKIP
     ...     dl.set_epoch(epoch)
-    ...     for batch in dl:
-    ...         loss = model(batch["image"]).cross_entropy(batch["label"])
+    ...     for batch in dl:                                        # on this rank's GPU
+    ...         loss = criterion(model(batch["image"]), batch["label"])
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ TUNE_SPACE = SearchSpace(
         Knob("hw_decoder_load", (1.0, 0.9, 0.8, 0.65, 0.5), default=0.65,
              help="share of JPEGs sent to the GPU's hardware JPEG decoder"),
         Knob("num_threads", lambda cores: [n for n in (2, 4, 6, 8, 12, 16, 24, 32) if n <= max(2, cores)],
-             default=4, help="DALI CPU threads (host-side decode stages, resize on CPU)"),
+             default=4, help="DALI CPU threads (host-side decode stages, resize on CPU)",
+             uses_cores=True),
         Knob("prefetch_queue_depth", (2, 3, 4), default=2, help="batches DALI prepares ahead"),
     ),
 )

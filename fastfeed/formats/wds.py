@@ -360,11 +360,26 @@ def open_index(
         if plain and not is_shard_name(s):
             if not is_url(s) and DatasetIndex.exists(local_path(s) or s):
                 return DatasetIndex.load(local_path(s) or s)
+            if not is_url(s):
+                _refuse_unfinished_pack(local_path(s) or s)
             if is_url(s):
                 idx = _load_remote_index(s.rstrip("/"), storage_options, scan_options.get("retry"))
                 if idx is not None:
                     return idx
     return scan_index(path, storage_options=storage_options, **scan_options)
+
+
+def _refuse_unfinished_pack(folder: str) -> None:
+    """A ``fastfeed pack`` output without its index is unfinished, not a WebDataset folder."""
+    from fastfeed.packplan import RESUME_DIR
+
+    if os.path.isdir(os.path.join(folder, RESUME_DIR)):
+        from fastfeed.errors import IndexMismatchError
+
+        raise IndexMismatchError(
+            f"{folder}: `fastfeed pack` into this folder did not finish (no index.json yet); "
+            "re-run the same `fastfeed pack SRC DST` command to complete it"
+        )
 
 
 def _load_remote_index(

@@ -1,0 +1,124 @@
+"""Per-core speed of fastfeed's CPU decode path, against FFCV's per-image operations.
+
+One process, one core, no worker processes: how many images per second of CPU time
+does each pipeline turn into a uint8 batch of ``--batch`` 224x224 RandomResizedCrops
+with random horizontal flips?
+
+- ``fastfeed-turbo``: ``fastfeed.loader(num_workers=0, decode_backend="turbo")`` over
+  ``fastfeed pack`` tar shards (everything: shard reads, tar parsing, crop choice,
+  DCT-scaled simplejpeg decode, OpenCV resize into the batch buffer, labels, stats).
+- ``fastfeed-pillow``: the same with ``decode_backend="pillow"``.
+- ``ffcv-ops``: the operations FFCV's ``RandomResizedCropRGBImageDecoder`` +
+  ``RandomHorizontalFlip`` run per image (libjpeg-turbo full decode with fast DCT,
+  torchvision's crop rule, ``cv2.resize`` with ``INTER_AREA``, flip), written here in a
+  few lines over the same JPEG bytes *already in memory* (no file reads, no tar
+  parsing: in its favour). This is not FFCV itself (``benchmarks/loader_cpu.py`` runs
+  the real FFCV loader); it shows where per-core time goes.
+- ``ffcv-ops-linear``: the same with bilinear resizing (what fastfeed uses when the crop
+  is less than twice the output), to separate the resize's share from the rest.
+
+CPU time (``time.process_time``) is reported besides wall time, because the machine
+may be shared; the median of ``--repeat`` passes is printed.
+
+Run::
+
+    .venv/bin/python benchmarks/decode_per_core.py                 # 512 images, 500x375 q90
+    .venv/bin/python benchmarks/decode_per_core.py --images 2048 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import fastfeed  # noqa: E402
+from fastfeed.decode.geometry import FLIP, NUM_UNIFORMS, random_resized_crop, uniforms  # noqa: E402
+from fastfeed.synth import make_image_folder  # noqa: E402
+
+
+def ffcv_ops(datas: list[bytes], batch: int, size: int, interp: str) -> Callable[[], int]:
+    import cv2
+    import simplejpeg
+
+    cv2.setNumThreads(1)
+    flag = cv2.INTER_AREA if interp == "area" else cv2.INTER_LINEAR
+    u = uniforms(seed=0, epoch=0, ids=np.arange(len(datas)), n=NUM_UNIFORMS)
+
+    def run() -> int:
+        for a in range(0, len(datas), batch):
+            out = np.empty((min(batch, len(datas) - a), size, size, 3), np.uint8)
+            for j in range(out.shape[0]):
+                img = simplejpeg.decode_jpeg(datas[a + j], "RGB", fastdct=True)
+                top, left, h, w = random_resized_crop(img.shape[0], img.shape[1], u[a + j])
+                cv2.resize(img[top:top + h, left:left + w], (size, size), dst=out[j], interpolation=flag)
+                if u[a + j, FLIP] < 0.5:
+                    cv2.flip(out[j], 1, dst=out[j])
+        return len(datas)
+
+    return run
+
+
+def fastfeed_pass(root: Path, batch: int, size: int, backend: str) -> Callable[[], int]:
+    dl = fastfeed.loader(root, batch_size=batch, image_size=size, num_workers=0, decode_backend=backend,
+                         pin_memory=False)
+
+    def run() -> int:
+        return sum(len(b["__key__"]) for b in dl)
+
+    return run
+
+
+def timed(run: Callable[[], int], repeat: int) -> tuple[float, float]:
+    run()  # warm: page cache, imports, lazy loads
+    cpu, wall = [], []
+    for _ in range(repeat):
+        c0, w0 = time.process_time(), time.perf_counter()
+        n = run()
+        cpu.append(n / (time.process_time() - c0))
+        wall.append(n / (time.perf_counter() - w0))
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=None, help="reuse this folder for the generated data")
+    args = ap.parse_args(argv)
+    tmp = tempfile.TemporaryDirectory()
+    base = args.data or Path(tmp.name)
+    src, packed = base / f"jpegs-{args.images}", base / f"packed-{args.images}"
+    if not (packed / "index.json").exists():
+        make_image_folder(src, num_images=args.images, num_classes=10, size=(500, 375), quality=90)
+        fastfeed.pack(src, packed, samples_per_shard=256, overwrite=True)
+    datas = [p.read_bytes() for p in sorted(src.rglob("*.jpg"))]
+    print(f"{len(datas)} JPEGs, mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB, 500x375 q90 -> "
+          f"RandomResizedCrop {args.size} + flip, batch {args.batch}, 1 process")
+    runs = {
+        "fastfeed-turbo": fastfeed_pass(packed, args.batch, args.size, "turbo"),
+        "fastfeed-pillow": fastfeed_pass(packed, args.batch, args.size, "pillow"),
+        "ffcv-ops": ffcv_ops(datas, args.batch, args.size, "area"),
+        "ffcv-ops-linear": ffcv_ops(datas, args.batch, args.size, "linear"),
+    }
+    rates = {name: timed(run, args.repeat) for name, run in runs.items()}
+    ref = rates["ffcv-ops"][0]
+    print(f"{'pipeline':<18}{'img/s per CPU-s':>16}{'img/s wall':>12}{'vs ffcv-ops':>13}")
+    for name, (cpu, wall) in rates.items():
+        print(f"{name:<18}{cpu:>16.0f}{wall:>12.0f}{cpu / ref:>12.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
