@@ -18,11 +18,12 @@ with random horizontal flips?
   is less than twice the output), to separate the resize's share from the rest.
 
 CPU time (``time.process_time``) is reported besides wall time, because the machine
-may be shared; the median of ``--repeat`` passes is printed.
+may be shared; passes of the pipelines interleave and the median of ``--repeat`` is printed.
 
 Run::
 
     .venv/bin/python benchmarks/decode_per_core.py                 # 512 images, 500x375 q90
+    .venv/bin/python benchmarks/decode_per_core.py --source real   # the 47 real photos, replicated
     .venv/bin/python benchmarks/decode_per_core.py --images 2048 --repeat 5
 """
 
@@ -78,15 +79,33 @@ def fastfeed_pass(root: Path, batch: int, size: int, backend: str) -> Callable[[
     return run
 
 
-def timed(run: Callable[[], int], repeat: int) -> tuple[float, float]:
-    run()  # warm: page cache, imports, lazy loads
-    cpu, wall = [], []
+def timed(runs: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[float, float]]:
+    """Median (CPU, wall) img/s of each pipeline; passes interleave, so drifting load hits all."""
+    for run in runs.values():
+        run()  # warm: page cache, imports, lazy loads
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    wall: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeat):
-        c0, w0 = time.process_time(), time.perf_counter()
-        n = run()
-        cpu.append(n / (time.process_time() - c0))
-        wall.append(n / (time.perf_counter() - w0))
-    return statistics.median(cpu), statistics.median(wall)
+        for name, run in runs.items():
+            c0, w0 = time.process_time(), time.perf_counter()
+            n = run()
+            cpu[name].append(n / (time.process_time() - c0))
+            wall[name].append(n / (time.perf_counter() - w0))
+    return {k: (statistics.median(cpu[k]), statistics.median(wall[k])) for k in runs}
+
+
+def real_folder(dst: Path, num_images: int) -> Path:
+    """``shared/data/imagenet-sample``'s photos replicated to ``num_images`` files (ImageFolder)."""
+    sample = ROOT.parent / "shared" / "data" / "imagenet-sample"
+    photos = sorted(sample.rglob("*.jpg")) + sorted(sample.rglob("*.JPEG"))
+    if not photos:
+        raise SystemExit(f"{sample}: no photos (the real sample data is optional); use --source synth")
+    for i in range(num_images):
+        p = photos[i % len(photos)]
+        out = dst / p.parent.name / f"{i:06d}.jpg"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(p.read_bytes())
+    return dst
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,16 +114,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--source", choices=("synth", "real"), default="synth",
+                    help="synth: generated 500x375 q90 JPEGs; real: shared/data/imagenet-sample replicated")
     ap.add_argument("--data", type=Path, default=None, help="reuse this folder for the generated data")
     args = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
     base = args.data or Path(tmp.name)
-    src, packed = base / f"jpegs-{args.images}", base / f"packed-{args.images}"
+    src, packed = base / f"{args.source}-{args.images}", base / f"packed-{args.source}-{args.images}"
     if not (packed / "index.json").exists():
-        make_image_folder(src, num_images=args.images, num_classes=10, size=(500, 375), quality=90)
+        if args.source == "synth":
+            make_image_folder(src, num_images=args.images, num_classes=10, size=(500, 375), quality=90)
+        else:
+            real_folder(src, args.images)
         fastfeed.pack(src, packed, samples_per_shard=256, overwrite=True)
     datas = [p.read_bytes() for p in sorted(src.rglob("*.jpg"))]
-    print(f"{len(datas)} JPEGs, mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB, 500x375 q90 -> "
+    what = "500x375 q90" if args.source == "synth" else "real photos (imagenet-sample)"
+    print(f"{len(datas)} JPEGs ({what}), mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB -> "
           f"RandomResizedCrop {args.size} + flip, batch {args.batch}, 1 process")
     runs = {
         "fastfeed-turbo": fastfeed_pass(packed, args.batch, args.size, "turbo"),
@@ -112,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "ffcv-ops": ffcv_ops(datas, args.batch, args.size, "area"),
         "ffcv-ops-linear": ffcv_ops(datas, args.batch, args.size, "linear"),
     }
-    rates = {name: timed(run, args.repeat) for name, run in runs.items()}
+    rates = timed(runs, args.repeat)
     ref = rates["ffcv-ops"][0]
     print(f"{'pipeline':<18}{'img/s per CPU-s':>16}{'img/s wall':>12}{'vs ffcv-ops':>13}")
     for name, (cpu, wall) in rates.items():

@@ -28,10 +28,10 @@ milliseconds to the first byte of every GET, which costs ``loose-get`` once per 
 the shard reads once per 8 MB part. ``--latency-ms 20`` puts a proxy in front of moto that
 delays every request by that much, to show the difference on the same data.
 
-Run (dev machine, 2 cores; ~5 minutes each, the first one generates the data)::
+Run (dev machine, 2 cores; ~15 minutes each, the first one also generates the data)::
 
-    .venv/bin/python benchmarks/loader_s3.py --io-only
-    .venv/bin/python benchmarks/loader_s3.py --io-only --latency-ms 20
+    .venv/bin/python benchmarks/loader_s3.py --io-only --repeat 3
+    .venv/bin/python benchmarks/loader_s3.py --io-only --repeat 2 --latency-ms 20
 
 Run (more cores)::
 
@@ -320,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=REPO / "bench-data" / "s3")
     p.add_argument("--cache-parent", default=None, help="where the cache_dir is made (default: TMPDIR)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--quick", action="store_true", help="small and short: a smoke run, not a figure to quote")
     args = p.parse_args(argv)
+    if args.quick:
+        args.images, args.per_shard, args.min_batches = min(args.images, 800), min(args.per_shard, 100), 8
+        args.min_time, args.max_time, args.repeat = 1.0, 15.0, 1
     imgs, packed = prepare_data(args.data, args.images, args.per_shard)
     with MotoProcess(args.latency_ms) as server:
         loose = upload(server, imgs, packed)

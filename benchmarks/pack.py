@@ -14,6 +14,9 @@ One generated ImageFolder (``bench-data/synth-N``: ImageNet-like JPEGs, ~500x375
 
 Every tool's time runs from the call to its return (data written to the page cache; no
 tool syncs to disk, and the previous run's output is deleted and synced away first).
+``--out`` picks where the shards go: the default (``bench-data/pack-out``) is on the same
+disk as the source; a tmpfs (``/dev/shm/pack-out``) takes the output disk's write speed out
+of the comparison, so what remains is each tool's own cost.
 The page cache is set the same way before every run: ``cold`` drops the source files
 from it (``posix_fadvise(DONTNEED)``), ``warm`` reads them all first.
 
@@ -21,6 +24,7 @@ Run (dev machine; ~10 minutes the first time, most of it generating the images):
 
     .venv-bench/bin/python benchmarks/pack.py            # with litdata (make bench-env)
     .venv/bin/python benchmarks/pack.py                  # without litdata
+    .venv/bin/python benchmarks/pack.py --out /dev/shm/pack-out --skip litdata
 
 Prints files/s and MB/s per tool and cache state, fastfeed's ratios to each peer and to
 the fastest peer, and one ``RESULT {json}`` line.
@@ -102,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", choices=["cold", "warm", "both"], default="both")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool and cache state (median)")
     ap.add_argument("--skip", default="", help="comma-separated tools to leave out (e.g. litdata)")
+    ap.add_argument("--out", default=str(BENCH_DATA / "pack-out"),
+                    help="where the shards go (deleted after each run); a tmpfs such as /dev/shm/pack-out "
+                         "takes the output disk's write speed out of the comparison")
     args = ap.parse_args(argv)
 
     env = environment()
@@ -124,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     tools = [t for t in tools if not any(s in t[0] for s in skip)]
     caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
-    out = BENCH_DATA / "pack-out"
+    out = Path(args.out)
+    log(f"output to {out}")
     times: dict[tuple[str, str], list[float]] = {}
     for cache in caches:
         for _ in range(args.repeat):
@@ -138,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 times.setdefault((name, cache), []).append(dt)
                 log(f"{cache:>4} {name}: {dt:.1f} s, {len(items) / dt:,.0f} files/s, {total / dt / 1e6:,.0f} MB/s")
     shutil.rmtree(out, ignore_errors=True)
-    return _report(tools, caches, times, len(items), total, env)
+    return _report(tools, caches, times, len(items), total, env, out)
 
 
-def _report(tools: list, caches: list[str], times: dict, files: int, total: int, env: dict) -> int:
+def _report(tools: list, caches: list[str], times: dict, files: int, total: int, env: dict, out: Path) -> int:
     import json
     import statistics
 
-    print(f"\n== fastfeed pack vs peers: {files} JPEGs, {total / 1e6:.0f} MB, 256 MB tar shards")
+    print(f"\n== fastfeed pack vs peers: {files} JPEGs, {total / 1e6:.0f} MB, 256 MB tar shards, output in {out}")
     print(f"{'tool':<28}" + "".join(f"{c + ' files/s':>16}{c + ' MB/s':>12}" for c in caches))
     rates: dict[str, dict[str, float]] = {}
     for name, _, _ in tools:
@@ -171,7 +179,7 @@ def _report(tools: list, caches: list[str], times: dict, files: int, total: int,
               f"[goal >= {GOAL:g}: {'met' if ratio >= GOAL else 'MISSED'}]; 1 worker: {one:.2f}x; "
               + "; ".join(f"vs {n} {v:.2f}x" for n, v in ratios[c].items()))
     env["loadavg_1m_end"] = os.getloadavg()[0]
-    print("RESULT " + json.dumps({"title": "pack", "files": files, "bytes": total, "env": env,
+    print("RESULT " + json.dumps({"title": "pack", "files": files, "bytes": total, "env": env, "out": str(out),
                                   "seconds": {f"{n}|{c}": v for (n, c), v in times.items()},
                                   "files_per_s": rates, "ratios": ratios, "goal": GOAL}, sort_keys=True))
     return 0 if met else 1

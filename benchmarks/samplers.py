@@ -44,10 +44,11 @@ import numpy as np
 from fastfeed.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats
 from fastfeed.costmodel import CostModel
 from fastfeed.planning import CostFn, Plan
-from fastfeed.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
+from fastfeed.samplers import DEFAULT_JITTER, DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 BATCH = 16          # fixed batch size per rank
 BUDGET = 16384      # padded tokens per batch (token budget)
+JITTER = DEFAULT_JITTER
 COSTS = {"tokens": CostFn(CostModel.builtin("tokens")), "attention": CostFn(CostModel.builtin("attention"))}
 
 
@@ -152,9 +153,11 @@ def spearman_step_vs_length(plan: Plan) -> float:
     mean = (s1.sum(axis=1) / np.maximum(n.sum(axis=1), 1))[plan.order]
     if mean.shape[0] < 3:
         return float("nan")
-    r1 = np.argsort(np.argsort(np.arange(mean.shape[0])))
-    r2 = np.argsort(np.argsort(mean, kind="stable"))
-    return float(np.corrcoef(r1, r2)[0, 1])
+    _, inv, counts = np.unique(mean, return_inverse=True, return_counts=True)
+    r2 = (np.cumsum(counts) - (counts - 1) / 2.0)[inv]  # average ranks: many steps tie (same lengths)
+    if np.all(r2 == r2[0]):
+        return 0.0
+    return float(np.corrcoef(np.arange(mean.shape[0]), r2)[0, 1])
 
 
 def measure(name: str, make: Callable[[int], Plan], lengths: np.ndarray) -> dict[str, Any]:
@@ -178,7 +181,8 @@ def measure(name: str, make: Callable[[int], Plan], lengths: np.ndarray) -> dict
 
 def samplers_for(lengths: np.ndarray, W: int) -> list[tuple[str, Callable[[int], Plan]]]:
     def ff_bucket(e: int) -> Plan:
-        return DistributedLengthBucketSampler(lengths, batch_size=BATCH, num_replicas=W, rank=0).epoch_plan(e)
+        return DistributedLengthBucketSampler(lengths, batch_size=BATCH, num_replicas=W, rank=0,
+                                              jitter=JITTER).epoch_plan(e)
 
     def ff_budget(cost: str) -> Callable[[int], Plan]:
         # the budget in the cost's unit: BUDGET padded tokens, or more if the longest sample needs it
@@ -187,7 +191,7 @@ def samplers_for(lengths: np.ndarray, W: int) -> list[tuple[str, Callable[[int],
 
         def make(e: int) -> Plan:
             return DistributedTokenBudgetSampler(lengths, max_cost=budget, cost=cost, num_replicas=W,
-                                                 rank=0).epoch_plan(e)
+                                                 rank=0, jitter=JITTER).epoch_plan(e)
         return make
 
     same_tokens = max(1, round(BUDGET * 0.97 / float(lengths.max())))  # fixed batch that never exceeds the budget
@@ -229,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-sizes", default="8,64")
     ap.add_argument("--only", default=None, help="comma list of distributions")
     ap.add_argument("--json", default=None, help="write all rows here")
+    ap.add_argument("--jitter", type=float, default=DEFAULT_JITTER, help="fastfeed samplers' jitter")
+    ap.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args(argv)
+    global JITTER
+    JITTER = args.jitter
     dists = {"lognormal(5,1)[16,1024]": lambda: lognormal(args.n), "python-stdlib tokens": stdlib_tokens,
              "bimodal 64/900": lambda: bimodal(args.n), f"zipf tail to {BUDGET}": lambda: zipf_tail(args.n)}
     if args.only:
@@ -242,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'sampler':<44}{'steps':>7}{'batch':>7}{'padding':>9}{'strag tok':>10}{'strag att':>10}"
                   f"{'wait tok':>9}{'repeat':>8}{'rep pairs':>10}{'rho':>7}{'plan s':>8}")
             for name, make in samplers_for(lengths, W):
+                if not args.baselines and not name.startswith("fastfeed"):
+                    continue
                 r = measure(name, make, lengths)
                 r.update(distribution=dname, world_size=W, n=int(lengths.shape[0]))
                 rows.append(r)

@@ -320,6 +320,71 @@ def _run_tune(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- doctor
 # (section owned by the doctor issue)
+_DOCTOR_HELP = ("measure storage, decode, the loader and rank balance on their own, and name the stage "
+                "that limits training, with the figures and the fix")
+
+
+def _add_doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", metavar="DST", help="a packed dataset (folder or URL), or WebDataset tars")
+    p.add_argument("--source", default=None, metavar="RAW_FOLDER",
+                   help="the raw folder DST was packed from: also measure its small-file reads")
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument("--target-rate", type=float, default=None, metavar="SAMPLES_PER_S",
+                      help="what one rank's training consumes, in samples/s")
+    goal.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+                      help="one rank's training step time (demand = batch size / step time)")
+    p.add_argument("--world-size", type=int, default=None, metavar="W",
+                   help="ranks, for the length balance (default: WORLD_SIZE, else 1)")
+    p.add_argument("--batch-size", type=int, default=256, help="per-rank batch size (default 256)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="output image size training uses (default 224 when the data has images)")
+    p.add_argument("--decode", default="cpu", choices=["cpu", "dali", "none"], help="decode mode (default cpu)")
+    p.add_argument("--num-workers", default="auto", metavar="N",
+                   help="loader workers (default auto: the tuned setting, else loader()'s heuristic)")
+    p.add_argument("--prefetch-factor", default="auto", metavar="N", help="batches in flight per worker")
+    p.add_argument("--time-budget", default="60s", help="total measuring time, e.g. 60s or 2m (default 60s)")
+    p.add_argument("--cache-dir", default=None, help="local shard cache for remote data, as in loader()")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--report", default=None, metavar="HTML", help="also write a self-contained HTML report")
+
+
+def _auto_int(value: str, name: str) -> int | str:
+    from fastfeed.errors import ConfigError
+
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} {value!r}: write a number or auto") from None
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from fastfeed.doctor import doctor
+
+    def progress(stage: object) -> None:
+        print(f"  measured {getattr(stage, 'name', stage)}", file=sys.stderr, flush=True)
+
+    result = doctor(
+        args.dst, source=args.source, target_rate=args.target_rate, step_time=args.step_time,
+        world_size=args.world_size, batch_size=args.batch_size,
+        image_size="auto" if args.image_size is None else args.image_size,
+        decode=None if args.decode == "none" else args.decode,
+        num_workers=_auto_int(args.num_workers, "--num-workers"),
+        prefetch_factor=_auto_int(args.prefetch_factor, "--prefetch-factor"),
+        time_budget=args.time_budget, cache_dir=args.cache_dir, report=args.report,
+        on_stage=None if args.json else progress,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(result.text())
+        if args.report:
+            print(f"report: {args.report}")
+    return 0
+
 
 
 # ---------------------------------------------------------------- wiring
@@ -329,6 +394,7 @@ COMMANDS += [("pack", _PACK_HELP, _add_pack, _run_pack), ("info", _INFO_HELP, _a
              ("verify", _VERIFY_HELP, _add_verify, _run_verify)]
 COMMANDS.append(("tune", _TUNE_HELP, _add_tune, _run_tune))
 COMMANDS.append(("balance", _BALANCE_HELP, _add_balance, _run_balance))
+COMMANDS.append(("doctor", _DOCTOR_HELP, _add_doctor, _run_doctor))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,7 +38,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastfeed._util import format_bytes
-from fastfeed.dataset import SKIPPED_KEY, ShardBatches
+from fastfeed.bottleneck import line_hook
+from fastfeed.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.source import ShardSource, check_shards, resolve_index
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder, normalize_image_size
 from fastfeed.dist import resolve_world
@@ -85,6 +86,7 @@ class Loader(DataLoader):
         self.index: DatasetIndex = dataset.source.index
         self.rank, self.world_size = dataset.rank, dataset.world_size
         self.stats = LoaderStats(log_every=log_every)
+        self.stats.add_line_hook(line_hook(num_workers))  # "; decode-bound (workers busy 97%, ...)"
         self.workers_from = workers_from
         self._epoch = 0
         self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
@@ -131,9 +133,16 @@ class Loader(DataLoader):
         epoch, start = self._begin_pass()
         self.dataset.set_position(epoch, start)
         batches = super().__iter__()
-        for batch in self.stats.track(batches, _batch_size, _pop_skipped):
+        for batch in self.stats.track(batches, _batch_size, self._pop_extras):
             self._consumed += 1
             yield batch
+
+    def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
+        """Move the batch's worker timings into ``stats``; return its skips."""
+        timing = batch.pop(TIMING_KEY, None)
+        if timing is not None:
+            self.stats.record_work(*timing)
+        return _pop_skipped(batch)
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 Everything here is a function of (lengths, world size, seed, epoch, options), computed
 identically on every rank; no Python loop runs per sample. One epoch is planned as:
 
-1. **Jittered length order.** Sort the samples by ``log(1 + length) + jitter * u`` with
-   ``u ~ U[0, 1)`` re-drawn every epoch (a 16-bit key, so numpy's radix sort applies).
-   Neighbours in this order have lengths within a factor ``exp(jitter)`` of each other,
-   and which neighbours a sample gets changes every epoch.
+1. **Jittered length order.** Sort the samples by ``log(1 + length) + J(length) * u``
+   with ``u ~ U[0, 1)`` re-drawn every epoch (a 16-bit key, so numpy's radix sort
+   applies). Neighbours in this order have lengths within a factor ``exp(J)`` of each
+   other, and which neighbours a sample gets changes every epoch. ``J`` is ``jitter``
+   on average (token-weighted), spread by :func:`adaptive_jitter` toward lengths where
+   randomness is scarce.
 2. **Steps.** Cut that order into *steps* of consecutive samples, one batch per rank:
    ``world_size * batch_size`` samples (fixed batch), or, for a cost budget, as many as
    fit when every rank's batch holds ``ceil(n / world_size)`` samples padded to the
@@ -35,7 +37,7 @@ import numpy as np
 from fastfeed.costmodel import CostModel
 from fastfeed.errors import ConfigError
 
-__all__ = ["CostFn", "Plan", "by_value", "jittered_order", "plan_budget", "plan_fixed"]
+__all__ = ["CostFn", "Plan", "adaptive_jitter", "by_value", "jittered_order", "plan_budget", "plan_fixed"]
 
 log = logging.getLogger(__name__)
 
@@ -218,23 +220,59 @@ def by_value(values: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.n
     return np.asarray(fn(uniq))[inv]
 
 
-def jittered_order(ls: np.ndarray, rng: np.random.Generator | None, jitter: float) -> np.ndarray:
-    """Positions of ``ls`` sorted by ``log1p(l) + jitter * u``, ``u ~ U[0, 1)``, on a 16-bit key.
+def adaptive_jitter(ls: np.ndarray, jitter: float, batch_size_at: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+    """Per-length jitter (a table over ``0..max(ls)``) that spends a padding budget where
+    randomness is scarce.
 
+    A sample of length ``l`` shares its batch again next epoch with probability about
+    ``b(l) / n(l)``: its batch size over the samples within its jitter window. Padding
+    grows with the jitter, weighted by the tokens at that length. Minimising the mean
+    repeat rate for the same token-weighted mean jitter gives
+    ``J(l) ~ sqrt(b(l) / (n(l) * l))``: more jitter for rare lengths and for lengths whose
+    batches are large (short sequences under a token budget), less where samples are
+    plentiful. Normalised so the token-weighted mean is ``jitter``, clipped to
+    ``[jitter / 4, 8 * jitter]``. None when lengths are too large for a table.
+    """
+    hi = int(ls.max())
+    if hi >= 1 << 22 or jitter <= 0:
+        return None
+    counts = np.bincount(ls, minlength=hi + 1)
+    cum = np.concatenate([[0], np.cumsum(counts)])
+    v = np.arange(hi + 1, dtype=np.float64)
+    lo_v = np.clip(np.floor(np.expm1(np.log1p(v) - jitter / 2)), 0, hi).astype(np.int64)
+    hi_v = np.clip(np.ceil(np.expm1(np.log1p(v) + jitter / 2)), 0, hi).astype(np.int64)
+    window = np.maximum(cum[hi_v + 1] - cum[lo_v], 1)
+    b = np.maximum(np.asarray(batch_size_at(np.arange(hi + 1, dtype=np.int64)), dtype=np.float64), 1.0)
+    raw = np.sqrt(b / (window * np.maximum(v, 1.0)))
+    tokens = counts * np.maximum(v, 1.0)
+    for _ in range(2):  # normalise, clip, normalise again
+        raw *= jitter / (float((tokens * raw).sum()) / float(tokens.sum()))
+        raw = np.clip(raw, jitter / 4, 8 * jitter)
+    return raw
+
+
+def jittered_order(ls: np.ndarray, rng: np.random.Generator | None, jitter: float,
+                   table: np.ndarray | None = None) -> np.ndarray:
+    """Positions of ``ls`` sorted by ``log1p(l) + J(l) * u``, ``u ~ U[0, 1)``, on a 16-bit key.
+
+    ``J(l)`` is ``table[l]`` (see :func:`adaptive_jitter`) or the constant ``jitter``.
     The noise is re-drawn every epoch, so a sample's neighbours are a fresh random
-    draw among the samples within a factor ``exp(jitter)`` of its length. Integer
+    draw among the samples within a factor ``exp(J)`` of its length. Integer
     arithmetic and numpy's radix sort keep this fast on 10M lengths. Without ``rng``
     (or with no jitter) the order is by length alone, ties by index.
     """
     n = ls.shape[0]
     lo, hi = int(ls.min()), int(ls.max())
-    j = jitter if rng is not None else 0.0
+    j = 0.0 if rng is None else (float(table.max()) if table is not None else jitter)
     if hi == lo and j <= 0:
         return np.arange(n, dtype=np.int64)
     xlo = np.log1p(lo)
     units = (2**_UNIT_BITS - 1) / (np.log1p(hi) - xlo + j)  # key units per log-length
     x = by_value(ls, lambda v: ((np.log1p(v) - xlo) * units).clip(0, None).astype(np.int32))
-    if j > 0:
+    if j > 0 and table is not None:
+        scale = (table * units).astype(np.float32)
+        x += (rng.random(n, dtype=np.float32) * scale[ls]).astype(np.int32)  # type: ignore[union-attr]
+    elif j > 0:
         x += rng.integers(0, max(1, int(j * units)), n, dtype=np.int32)  # type: ignore[union-attr]
     x >>= _UNIT_BITS - 16
     return np.argsort(x.astype(np.uint16), kind="stable")
@@ -428,7 +466,7 @@ def _empty_plan(W: int, dropped: int) -> Plan:
 
 
 def plan_fixed(lengths: np.ndarray, *, world_size: int, batch_size: int, seed: int, epoch: int,
-               shuffle: bool, drop_last: bool, jitter: float, cost: CostFn) -> Plan:
+               shuffle: bool, drop_last: bool, jitter: float, cost: CostFn, adaptive: bool = True) -> Plan:
     """Plan an epoch of fixed-size batches (see :class:`DistributedLengthBucketSampler`)."""
     W, B, N = world_size, batch_size, lengths.shape[0]
     rng = _rng(seed, epoch) if shuffle else None
@@ -448,7 +486,8 @@ def plan_fixed(lengths: np.ndarray, *, world_size: int, batch_size: int, seed: i
     M = N if ids is None else ids.shape[0]
     if M == 0:
         return _empty_plan(W, dropped)
-    sigma = jittered_order(lengths if ids is None else lengths[ids], rng, jitter)
+    table = adaptive_jitter(lengths, jitter, lambda v: np.full(v.shape, B)) if adaptive and rng is not None else None
+    sigma = jittered_order(lengths if ids is None else lengths[ids], rng, jitter, table)
     ids = sigma if ids is None else ids[sigma]
     ls = lengths[ids]
     full, part = divmod(M, T)
@@ -462,7 +501,7 @@ def plan_fixed(lengths: np.ndarray, *, world_size: int, batch_size: int, seed: i
 
 def plan_budget(lengths: np.ndarray, *, world_size: int, max_cost: float, seed: int, epoch: int,
                 shuffle: bool, drop_last: bool, jitter: float, cost: CostFn,
-                skip: np.ndarray | None = None) -> Plan:
+                skip: np.ndarray | None = None, adaptive: bool = True) -> Plan:
     """Plan an epoch of cost-budgeted batches (see :class:`DistributedTokenBudgetSampler`).
 
     ``skip`` (bool, N) marks samples left out entirely (over-budget samples the user
@@ -474,7 +513,9 @@ def plan_budget(lengths: np.ndarray, *, world_size: int, max_cost: float, seed: 
     dropped = 0 if ids is None else N - ids.shape[0]
     if ids is not None and ids.shape[0] == 0:
         return _empty_plan(W, dropped)
-    sigma = jittered_order(lengths if ids is None else lengths[ids], rng, jitter)
+    table = adaptive_jitter(lengths, jitter, lambda v: cost.capacity(v, max_cost)) \
+        if adaptive and rng is not None else None
+    sigma = jittered_order(lengths if ids is None else lengths[ids], rng, jitter, table)
     ids = sigma if ids is None else ids[sigma]
     ls = lengths[ids]
     cap = W * cost.capacity(np.maximum.accumulate(ls), max_cost)

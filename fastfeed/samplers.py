@@ -188,7 +188,7 @@ class _LengthSampler:
 
     def __init__(self, lengths: LengthsSource, *, num_replicas: int | None, rank: int | None,
                  seed: int, shuffle: bool, drop_last: bool, jitter: float, cost: CostSpec,
-                 num_samples: int | None) -> None:
+                 num_samples: int | None, adaptive_jitter: bool = True) -> None:
         self.rank, self.num_replicas = resolve_world(rank, num_replicas)
         self.lengths = resolve_lengths(lengths, num_samples=num_samples)
         if not isinstance(seed, (int, np.integer)):
@@ -196,6 +196,7 @@ class _LengthSampler:
         if not (isinstance(jitter, (int, float)) and 0 <= jitter <= 5):
             raise ConfigError(f"jitter={jitter!r} must be a number in [0, 5] (log-length units)")
         self.seed, self.shuffle, self.drop_last, self.jitter = int(seed), bool(shuffle), bool(drop_last), float(jitter)
+        self.adaptive_jitter = bool(adaptive_jitter)
         self.cost = resolve_cost(cost)
         self._cost_fn = CostFn(self.cost)
         self.epoch = 0
@@ -257,7 +258,7 @@ class _LengthSampler:
     # -- state
     def _config(self) -> dict[str, Any]:
         return {"shuffle": self.shuffle, "drop_last": self.drop_last, "jitter": self.jitter,
-                "cost": self._cost_fn.describe()}
+                "adaptive_jitter": self.adaptive_jitter, "cost": self._cost_fn.describe()}
 
     def state_dict(self, steps: int | None = None) -> dict[str, Any]:
         """The position in the epoch, enough to resume exactly.
@@ -325,8 +326,12 @@ class DistributedLengthBucketSampler(_LengthSampler):
         seed: the plan is a function of (seed, epoch); use the same seed on every rank.
         shuffle: False gives one fixed plan, steps longest first (for evaluation).
         drop_last: the remainder policy (module docstring).
-        jitter: log-length noise re-drawn each epoch: neighbours are within a factor
-            ``exp(jitter)`` in length. Larger mixes batches more, at more padding.
+        jitter: log-length noise re-drawn each epoch (token-weighted mean): batch-mates
+            are within a factor ``exp(jitter)`` in length. Larger mixes batches more
+            across epochs, at more padding (about ``jitter / 2``).
+        adaptive_jitter: spread that noise toward lengths where randomness is scarce
+            (rare lengths, large batches of short samples), keeping the padding cost;
+            False uses ``jitter`` everywhere.
         cost: used to balance each step's batches between ranks and in reports;
             ``"tokens"`` (padded), ``"attention"``, ``"varlen"``, a CostModel or a callable.
         num_samples: for a per-index lengths callable.
@@ -339,13 +344,14 @@ class DistributedLengthBucketSampler(_LengthSampler):
 
     def __init__(self, lengths: LengthsSource, *, batch_size: int, num_replicas: int | None = None,
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
-                 jitter: float = DEFAULT_JITTER, cost: CostSpec = "tokens",
+                 jitter: float = DEFAULT_JITTER, adaptive_jitter: bool = True, cost: CostSpec = "tokens",
                  num_samples: int | None = None) -> None:
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
         self.batch_size = int(batch_size)
         super().__init__(lengths, num_replicas=num_replicas, rank=rank, seed=seed, shuffle=shuffle,
-                         drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples)
+                         drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples,
+                         adaptive_jitter=adaptive_jitter)
         if drop_last and self.lengths.shape[0] < self.num_replicas * self.batch_size:
             log.warning("drop_last=True with %d samples < world size %d x batch size %d: epochs have no steps",
                         self.lengths.shape[0], self.num_replicas, self.batch_size)
@@ -353,7 +359,7 @@ class DistributedLengthBucketSampler(_LengthSampler):
     def _plan(self, epoch: int) -> Plan:
         return plan_fixed(self.lengths, world_size=self.num_replicas, batch_size=self.batch_size,
                           seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                          jitter=self.jitter, cost=self._cost_fn)
+                          jitter=self.jitter, cost=self._cost_fn, adaptive=self.adaptive_jitter)
 
     def _config(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, **super()._config()}
@@ -373,8 +379,8 @@ class DistributedTokenBudgetSampler(_LengthSampler):
             decreases when a sample is added or lengthened (slower: called per batch).
         oversize: ``"error"`` (default) when one sample alone exceeds ``max_cost``, or
             ``"skip"`` to leave such samples out (counted in ``num_skipped``, logged).
-        num_replicas, rank, seed, shuffle, drop_last, jitter, num_samples: as for
-            :class:`DistributedLengthBucketSampler`.
+        num_replicas, rank, seed, shuffle, drop_last, jitter, adaptive_jitter, num_samples:
+            as for :class:`DistributedLengthBucketSampler`.
 
     Example:
         >>> s = DistributedTokenBudgetSampler([100] * 8 + [400] * 2, max_cost=400, num_replicas=2, rank=0)
@@ -385,9 +391,10 @@ class DistributedTokenBudgetSampler(_LengthSampler):
     def __init__(self, lengths: LengthsSource, *, max_cost: float | str, cost: CostSpec = "tokens",
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, jitter: float = DEFAULT_JITTER,
-                 oversize: str = "error", num_samples: int | None = None) -> None:
+                 adaptive_jitter: bool = True, oversize: str = "error", num_samples: int | None = None) -> None:
         super().__init__(lengths, num_replicas=num_replicas, rank=rank, seed=seed, shuffle=shuffle,
-                         drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples)
+                         drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples,
+                         adaptive_jitter=adaptive_jitter)
         self.max_cost = _parse_budget(max_cost, self.cost)
         if oversize not in ("error", "skip"):
             raise ConfigError(f"oversize={oversize!r} must be 'error' or 'skip'")
@@ -417,7 +424,8 @@ class DistributedTokenBudgetSampler(_LengthSampler):
     def _plan(self, epoch: int) -> Plan:
         return plan_budget(self.lengths, world_size=self.num_replicas, max_cost=self.max_cost,
                            seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                           jitter=self.jitter, cost=self._cost_fn, skip=self._skip)
+                           jitter=self.jitter, cost=self._cost_fn, skip=self._skip,
+                           adaptive=self.adaptive_jitter)
 
     def _config(self) -> dict[str, Any]:
         return {"max_cost": self.max_cost, "oversize": self.oversize, **super()._config()}

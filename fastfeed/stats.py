@@ -122,7 +122,7 @@ class LoaderStats:
             self._log_line()
 
     def record_work(self, read_s: float, decode_s: float, cpu_s: float) -> None:
-        """Where the next recorded step's batch came from: its worker's read, decode and CPU seconds."""
+        """The cost of the batch the next :meth:`record` counts: its worker's read, decode, CPU seconds."""
         self._pending = (float(read_s), float(decode_s), float(cpu_s))
 
     def _record_skips(self, skipped: int, messages: list[str]) -> None:

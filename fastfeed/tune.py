@@ -180,6 +180,8 @@ def measure_loader(
     seed: int = 0,
     loader_kwargs: Mapping[str, Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    consume: Callable[[Any], None] | None = None,
+    on_loader: Callable[[Any], None] | None = None,
 ) -> Measurement:
     """Measure ``fastfeed.loader()`` at one setting (what tune and the benchmarks run).
 
@@ -187,7 +189,9 @@ def measure_loader(
     3x longer when the setting is so slow that ``seconds`` would not hold two batches per
     worker after warm-up (see :func:`fastfeed.measure.measure`). Epochs restart (with
     ``set_epoch``) when the dataset is shorter than the measurement; memory of the main
-    process and its workers is sampled.
+    process and its workers is sampled. ``consume`` is called with every batch inside the
+    timed loop (``fastfeed doctor`` simulates a training step with it); ``on_loader`` gets
+    the loader before measuring starts (its ``stats`` stay readable afterwards).
 
     Example:
         >>> m = measure_loader("/data/ff", Setting(4, 2), batch_size=256)  # doctest: +SKIP
@@ -200,6 +204,8 @@ def measure_loader(
                                 category=UserWarning)
         dl = make_loader(str(path), batch_size=batch_size, decode=decode, image_size=image_size,
                          shuffle=True, seed=seed, **setting.loader_kwargs(), **dict(loader_kwargs or {}))
+        if on_loader is not None:
+            on_loader(dl)
         epoch = 0
 
         def one_epoch() -> Any:
@@ -213,7 +219,7 @@ def measure_loader(
             return measure(one_epoch, num_workers=setting.num_workers,
                            prefetch_factor=setting.prefetch_factor, min_batches=min_batches,
                            min_time=0.6 * seconds, min_rounds=2, max_time=3 * seconds,
-                           sample_memory=True, clock=clock)
+                           consume=consume, sample_memory=True, clock=clock)
         finally:
             _shutdown(dl)
 

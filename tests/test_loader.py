@@ -194,10 +194,11 @@ def test_index_from_loader_matches(text_data: Path) -> None:
 
 
 @pytest.mark.slow
-def test_spawned_persistent_workers_follow_set_epoch(text_data: Path) -> None:
+def test_spawned_persistent_workers_follow_set_epoch(tmp_path: Path) -> None:
     """With spawn (forkserver is Python 3.14's default) the shared epoch still reaches workers."""
-    ref = fastfeed.loader(text_data, batch_size=4, num_workers=0, seed=2)
-    dl = fastfeed.loader(text_data, batch_size=4, num_workers=1, seed=2, multiprocessing_context="spawn")
+    write_dataset(tmp_path, shard_counts=(9, 9, 5))
+    ref = fastfeed.loader(tmp_path, batch_size=4, num_workers=0, seed=2)
+    dl = fastfeed.loader(tmp_path, batch_size=4, num_workers=1, seed=2, multiprocessing_context="spawn")
     for epoch in (0, 3):
         ref.set_epoch(epoch)
         dl.set_epoch(epoch)
