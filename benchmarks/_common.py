@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -54,6 +54,7 @@ __all__ = [
     "evict",
     "files_under",
     "measure_source",
+    "measurement_from_json",
     "CpuMeter",
     "tree_cpu_seconds",
     "pack_once",
@@ -268,53 +269,89 @@ def worker_memory(pid: int | None = None) -> tuple[ProcMemory, list[ProcMemory]]
 
 
 # ---------------------------------------------------------------------- measuring
-def tree_cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of a process, its threads and its live children."""
+def tree_cpu_seconds(procs: Sequence[Any] | None = None) -> float:
+    """User + system CPU seconds of processes (default: this one, its threads included,
+    and its live children, found anew)."""
     import psutil
 
-    proc = psutil.Process(pid)
-    total = sum(proc.cpu_times()[:2])
-    for child in proc.children(recursive=True):
+    if procs is None:
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+    total = 0.0
+    for proc in procs:
         try:
-            total += sum(child.cpu_times()[:2])
+            total += sum(proc.cpu_times()[:2])
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+@dataclass
+class _CpuEpoch:
+    start: float  # CPU seconds of the tree when the epoch's iterator was made
+    marks: list[tuple[float, int]] = field(default_factory=list)  # (CPU seconds, images) per batch
+    complete: bool = False  # ran to its end (else measure stopped it)
 
 
 class CpuMeter:
     """CPU seconds the loader's process tree spends per image in steady state.
 
     On a machine whose cores are shared with other jobs, wall-clock rates move with their
-    load; the CPU time a loader needs per image barely does. The meter is handed to
-    :func:`fastfeed.measure.measure` as ``consume`` (called once per batch): it reads the
-    CPU time of this process (its threads included: FFCV decodes in threads) and of its
-    children (DataLoader workers) at every batch, and counts the batches after each
-    epoch's first ``warmup`` (measure's warm-up) as steady.
+    load; the CPU time a loader needs per image barely does. :meth:`wrap` wraps each
+    epoch's iterator and reads the CPU time of this process (its threads included: FFCV
+    decodes in threads) and of its child processes (DataLoader workers) at every batch.
+
+    - Epochs after the first that ran to their end give exact figures: with persistent
+      workers no work crosses an epoch boundary, so the CPU from the epoch's start to its
+      last batch is the work of its images (the first epoch also holds worker start-up
+      and JIT compiles, so it is left out).
+    - Otherwise (a measurement shorter than an epoch), the CPU between the arrival of
+      batch ``depth`` and the last batch, over the images in between: the prefetch queue
+      is full at both ends, so it is the work of that many batches. ``depth`` is the
+      batches in flight (workers x prefetch); in an epoch that ran to its end the last
+      ``depth`` batches are left out too (the queue drains).
     """
 
-    def __init__(self, warmup: int) -> None:
-        self.warmup = max(1, warmup)
-        self.epochs: list[list[tuple[float, int]]] = []
+    def __init__(self, depth: int) -> None:
+        self.depth = max(1, depth)
+        self.epochs: list[_CpuEpoch] = []
 
-    def new_epoch(self) -> None:
-        self.epochs.append([])
+    def wrap(self, it: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``it`` (one epoch), recording CPU time per batch."""
+        import psutil
 
-    def __call__(self, batch: Any) -> None:
         from fastfeed.measure import count_samples
 
-        if not self.epochs:
-            self.new_epoch()
-        self.epochs[-1].append((tree_cpu_seconds(), count_samples(batch)))
+        ep = _CpuEpoch(start=tree_cpu_seconds())
+        self.epochs.append(ep)
+        procs: list[Any] | None = None
+        source = iter(it)
+        try:
+            for batch in source:
+                if procs is None:  # the workers are up once the first batch is here
+                    me = psutil.Process()
+                    procs = [me, *me.children(recursive=True)]
+                ep.marks.append((tree_cpu_seconds(procs), count_samples(batch)))
+                yield batch
+            ep.complete = True
+        finally:
+            if not ep.complete:  # stopped early: close it as measure would (DataLoader iterators have no close)
+                stop = getattr(source, "close", None)
+                if callable(stop):
+                    stop()
 
     def cpu_per_image(self) -> float | None:
-        """Steady CPU seconds per image, or None when no epoch got past its warm-up."""
-        cpu = 0.0
-        images = 0
-        for ep in self.epochs:
-            if len(ep) > self.warmup:
-                cpu += ep[-1][0] - ep[self.warmup - 1][0]
-                images += sum(n for _, n in ep[self.warmup:])
+        """Steady CPU seconds per image, or None when no stretch was steady."""
+        whole = [e for e in self.epochs[1:] if e.complete and e.marks]
+        if whole:
+            return sum(e.marks[-1][0] - e.start for e in whole) / sum(n for e in whole for _, n in e.marks)
+        cpu, images = 0.0, 0
+        for e in self.epochs:
+            first = self.depth
+            last = len(e.marks) - 1 - (self.depth if e.complete else 0)
+            if last - first >= 2:
+                cpu += e.marks[last][0] - e.marks[first][0]
+                images += sum(n for _, n in e.marks[first + 1:last + 1])
         return cpu / images if images else None
 
 
@@ -333,17 +370,20 @@ def measure_source(
         The measurement and the steady CPU seconds per image (:class:`CpuMeter`).
     """
     pf = prefetch_factor if prefetch_factor is not None else (2 if num_workers else 0)
-    meter = CpuMeter(max(1, num_workers * pf))
-
-    def epoch() -> Iterable[Any]:
-        meter.new_epoch()
-        return make_iter()
-
-    m = measure(epoch, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                min_batches=min_batches, min_time=steady_time,
+    meter = CpuMeter(max(1, num_workers * pf))  # batches in flight
+    m = measure(lambda: meter.wrap(make_iter()), num_workers=num_workers,
+                prefetch_factor=prefetch_factor, min_batches=min_batches, min_time=steady_time,
                 max_time=max_time if max_time is not None else 4 * steady_time + 180,
-                consume=meter, sample_memory=True)
+                sample_memory=True)
     return m, meter.cpu_per_image()
+
+
+def measurement_from_json(d: dict[str, Any]) -> Measurement:
+    """A :class:`Measurement` back from ``to_json(with_times=True)`` (e.g. from a subprocess)."""
+    fields = {k: v for k, v in d.items() if k in Measurement.__dataclass_fields__}
+    fields["batch_times"] = tuple(fields.get("batch_times") or ())
+    fields["window_rates"] = tuple(fields.get("window_rates") or ())
+    return Measurement(**fields)
 
 
 @dataclass

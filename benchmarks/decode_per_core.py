@@ -30,6 +30,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -114,10 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="128 images, 2 passes")
     ap.add_argument("--source", choices=("synth", "real"), default="synth",
                     help="synth: generated 500x375 q90 JPEGs; real: shared/data/imagenet-sample replicated")
     ap.add_argument("--data", type=Path, default=None, help="reuse this folder for the generated data")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.images, args.repeat = min(args.images, 128), min(args.repeat, 2)
     tmp = tempfile.TemporaryDirectory()
     base = args.data or Path(tmp.name)
     src, packed = base / f"{args.source}-{args.images}", base / f"packed-{args.source}-{args.images}"
@@ -142,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'pipeline':<18}{'img/s per CPU-s':>16}{'img/s wall':>12}{'vs ffcv-ops':>13}")
     for name, (cpu, wall) in rates.items():
         print(f"{name:<18}{cpu:>16.0f}{wall:>12.0f}{cpu / ref:>12.2f}x")
+    ratio = rates["fastfeed-turbo"][0] / ref
+    print(f"goal: fastfeed-turbo >= 1.0x ffcv-ops per core: {ratio:.2f}x -> {'pass' if ratio >= 1.0 else 'FAIL'}")
+    print("RESULT " + json.dumps({
+        "source": args.source, "images": len(datas), "img_per_cpu_s": {k: round(v[0], 1) for k, v in rates.items()},
+        "ratio_vs_ffcv_ops": round(ratio, 3), "goal": 1.0, "pass": ratio >= 1.0,
+    }))
     return 0
 
 

@@ -25,6 +25,12 @@ limiting stage, the headroom and the fix (:mod:`fastfeed.doctor_verdict`). Share
 resources (storage, CPU cores) are divided among the ranks on the host
 (``LOCAL_WORLD_SIZE``).
 
+Modules: :mod:`fastfeed.doctor_probes` (storage, raw files, decode: measured apart from
+fastfeed's loader), :mod:`fastfeed.doctor_stages` (the loader, the simulated step, DALI,
+the samplers), :mod:`fastfeed.doctor_verdict` (findings), :mod:`fastfeed.doctor_report`
+(text, JSON, HTML), and :mod:`fastfeed.bottleneck` (the classification shared with the
+periodic stats line).
+
 Example:
     >>> report = fastfeed.doctor("/data/imagenet-ff", step_time=0.25, batch_size=256)  # doctest: +SKIP
     >>> print(report.text())                                                           # doctest: +SKIP
@@ -41,10 +47,11 @@ import time
 from typing import Any, Callable, Mapping
 
 from fastfeed._util import parse_duration
-from fastfeed.bottleneck import LoadProfile
 from fastfeed.dist import local_world_size, resolve_world
-from fastfeed.doctor_probes import decode_probe, image_stats, read_samples, source_probe, storage_probe
+from fastfeed.doctor_probes import image_stats, read_samples, source_probe, storage_probe
 from fastfeed.doctor_report import DoctorReport, Finding, Stage
+from fastfeed.doctor_stages import (Budget, Run, balance_stage, dali_skip_reason, dali_stage, decode_stages,
+                                    loader_stage, step_stage)
 from fastfeed.doctor_verdict import Facts, conclude
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
@@ -54,15 +61,6 @@ from fastfeed.remote import is_url
 __all__ = ["DoctorReport", "Finding", "Stage", "doctor"]
 
 log = logging.getLogger(__name__)
-
-#: Shares of the time budget per stage (normalised over the stages that run).
-WEIGHTS = {"storage": 1.0, "source": 1.0, "decode_core": 1.0, "decode_all": 1.0, "loader": 2.5,
-           "loader_step": 1.5, "dali": 1.5}
-#: Samples per batch in the decode probes (the per-sample cost barely depends on it).
-PROBE_BATCH = 8
-_DECODER_ARGS = {"augment": "augment", "decode_backend": "backend", "image_field": "image_field",
-                 "transform": "transform", "crop_scale": "scale", "crop_ratio": "ratio", "flip": "flip",
-                 "crop_fraction": "crop_fraction"}
 
 
 def _check(batch_size: int, target_rate: float | None, step_time: float | None) -> float | None:
@@ -95,90 +93,10 @@ def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex
     return index
 
 
-class _Budget:
-    """Seconds per stage: the budget split by :data:`WEIGHTS` over the stages that run."""
-
-    def __init__(self, total: float, stages: list[str]) -> None:
-        unit = total / sum(WEIGHTS[s] for s in stages)
-        self.seconds = {s: max(0.5, WEIGHTS[s] * unit) for s in stages}
-
-    def __getitem__(self, stage: str) -> float:
-        return self.seconds[stage]
-
-
 def _has_images(index: DatasetIndex) -> bool:
     from fastfeed.decode.fields import is_image
 
     return any(is_image(f) for f in index.fields)
-
-
-def _decoder(decode: str | None, image_size: tuple[int, int] | None, seed: int,
-             loader_kwargs: Mapping[str, Any]) -> Any:
-    from fastfeed.decode.cpu import CpuDecoder
-
-    args = {_DECODER_ARGS[k]: v for k, v in loader_kwargs.items() if k in _DECODER_ARGS}
-    return CpuDecoder(image_size=image_size, seed=seed, **args)
-
-
-# ---------------------------------------------------------------------- the loader stages
-def _loader_run(path: str, setting: Any, *, batch_size: int, decode: str | None, image_size: Any,
-                seconds: float, loader_kwargs: Mapping[str, Any], step_time: float | None
-                ) -> tuple[Any, LoadProfile]:
-    """Measure the loader (through tune's measure_loader); its profile after warm-up from stats."""
-    from fastfeed.tune import measure_loader
-
-    held: dict[str, Any] = {}
-    seen = [0]
-    warm = max(1, setting.num_workers * (setting.prefetch_factor or 0)) + 1
-
-    def on_loader(dl: Any) -> None:
-        held["dl"] = dl
-
-    def consume(batch: Any) -> None:
-        seen[0] += 1
-        if seen[0] == warm:  # the prefetch queue has been drained once: steady from here
-            held["before"] = held["dl"].stats.summary()
-        if step_time:
-            time.sleep(step_time)
-
-    m = measure_loader(path, setting, batch_size=batch_size, decode=decode, image_size=image_size,
-                       seconds=seconds, min_batches=4 if step_time else 8, loader_kwargs=loader_kwargs,
-                       consume=consume, on_loader=on_loader)
-    after = held["dl"].stats.summary()
-    profile = LoadProfile.between(held.get("before", {}), after, setting.num_workers)
-    if profile.batches < 2:  # too slow for steady batches after warm-up: take every timed batch
-        profile = LoadProfile.between({}, after, setting.num_workers)
-    return m, profile
-
-
-def _loader_detail(m: Any, p: LoadProfile, setting: Any) -> str:
-    parts = [f"p10-p90 {m.p10_samples_per_s:,.0f}-{m.p90_samples_per_s:,.0f}",
-             f"start-up {m.startup_s:.1f} s"]
-    if p.batches:
-        who = "main process" if setting.num_workers == 0 else "workers"
-        parts.insert(0, f"{who} busy {p.busy:.0%} ({p.read_share:.0%} reading, {1 - p.read_share:.0%} "
-                        f"decoding, {p.cpu_share:.0%} CPU)")
-    return ", ".join(parts)
-
-
-def _dali_skip_reason(index: DatasetIndex, decode: str | None, has_images: bool) -> str | None:
-    if decode == "dali":
-        return "the loader stage already runs decode='dali'"
-    if not has_images:
-        return "no images"
-    if index.format != "tar":
-        return f"{index.format} shards (DALI reads tar shards)"
-    if not all(s.dali_index for s in index.shards):
-        return "the shards have no DALI index files (re-pack with `fastfeed pack`)"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine"
-    from fastfeed.decode.dali import DALI_INSTALL, dali_available
-
-    if not dali_available():
-        return f"DALI is not installed ({DALI_INSTALL})"
-    return None
 
 
 # ---------------------------------------------------------------------- doctor()
@@ -236,6 +154,7 @@ def doctor(
         ('decode', 0.74)
     """
     start = time.monotonic()
+    load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before we add our own
     demand = _check(batch_size, target_rate, step_time)
     budget = parse_duration(time_budget, "time_budget")
     if budget <= 0:
@@ -262,53 +181,44 @@ def doctor(
     workers, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,
                                              num_workers=num_workers, prefetch_factor=prefetch_factor)
     setting = Setting(workers, pf)
-    dali_skip = _dali_skip_reason(index, decode, has_images)
+    dali_skip = dali_skip_reason(index, decode, has_images)
     plan = ["storage", "loader"] + (["source"] if source is not None else [])
     plan += ["decode_core", "decode_all"] if decode == "cpu" else []
     plan += ["loader_step"] if demand else []
     plan += ["dali"] if dali_skip is None else []
-    secs = _Budget(budget, plan)
     stages: dict[str, Stage] = {}
 
-    def done(stage: Stage) -> None:
+    def emit(stage: Stage) -> None:
         stages[stage.key] = stage
         log.info("doctor: %s: %s", stage.name, stage.skipped or stage.detail)
         if on_stage is not None:
             on_stage(stage)
 
-    done(storage_probe(index, seconds=secs["storage"], local_ranks=ranks, storage_options=storage_options))
+    run = Run(path_s, setting, batch_size, decode, size, kwargs, seed, Budget(budget, plan), emit)
+    emit(storage_probe(index, seconds=run.budget["storage"], local_ranks=ranks, storage_options=storage_options))
     if source is not None:
-        done(source_probe(source, seconds=secs["source"], num_samples=index.num_samples, local_ranks=ranks,
-                          seed=seed))
+        emit(source_probe(source, seconds=run.budget["source"], num_samples=index.num_samples,
+                          local_ranks=ranks, seed=seed))
     samples, ids = read_samples(index, cache_dir=cache_dir, storage_options=storage_options)
     images = image_stats(samples, kwargs.get("image_field")) if has_images else None
     if decode == "cpu":
-        _decode_stages(done, index, samples, ids, size, seed, kwargs, cores_per_rank, ranks, batch_size, secs)
+        decode_stages(run, index, samples, ids, cores_per_rank, ranks)
     else:
         why = "decode=None: raw bytes" if decode is None else "decode='dali': measured by the loader stage"
-        done(Stage("decode_core", "decode + augment (1 core)", None, "", {}, skipped=why))
-    m, profile = _loader_run(path_s, setting, batch_size=batch_size, decode=decode, image_size=size,
-                             seconds=secs["loader"] / 1.5, loader_kwargs=kwargs, step_time=None)
-    done(Stage("loader", f"loader ({setting.label})", m.samples_per_s, _loader_detail(m, profile, setting),
-               {"setting": setting.loader_kwargs(), "workers_from": workers_from, "profile": profile.to_json(),
-                "measurement": m.to_json()}, measurement=m))
+        emit(Stage("decode_core", "decode + augment (1 core)", None, "", {}, skipped=why))
+    m, profile = loader_stage(run, workers_from=workers_from)
     if demand:
-        step = step_time if step_time is not None else batch_size / demand
-        ms, ps = _loader_run(path_s, setting, batch_size=batch_size, decode=decode, image_size=size,
-                             seconds=secs["loader_step"] / 1.5, loader_kwargs=kwargs, step_time=step)
-        done(Stage("loader_step", f"loader + {step:.3g} s step", ms.samples_per_s,
-                   f"waited {ps.wait_fraction:.0%} of step time (loader.stats, training step simulated by "
-                   f"sleeping)", {"wait_fraction": ps.wait_fraction, "step_time": step,
-                                  "profile": ps.to_json(), "measurement": ms.to_json()}, measurement=ms))
-    _dali_stage(done, path_s, dali_skip, batch_size, size, secs, kwargs)
-    balance = _balance_stage(done, index, world, batch_size, seed)
+        step_stage(run, demand=demand, rate=m.samples_per_s,
+                   step=step_time if step_time is not None else batch_size / demand)
+    dali_stage(run, dali_skip)
+    balance = balance_stage(run, index, world)
     facts = Facts(path=path_s, batch_size=batch_size, image_size=size, decode=decode, num_workers=workers,
                   prefetch_factor=pf, workers_from=workers_from, cores_per_rank=cores_per_rank, local_ranks=ranks,
                   remote=is_url(index.shard_path(0)) if index.shards else False,
                   cache_dir=None if cache_dir is None else str(cache_dir),
                   fits_in_memory=sum(s.bytes for s in index.shards) <= memory_total() / 2, demand=demand,
                   step_time=step_time, stages=stages, profile=profile, images=images, balance=balance,
-                  dali_skipped=dali_skip)
+                  dali_skipped=dali_skip, load_average=load_average)
     findings, limiting, deliverable, input_bound, headroom = conclude(facts)
     result = _report(facts, index, findings, limiting, deliverable, input_bound, headroom, world, setting,
                      time.monotonic() - start, target_rate, step_time)
@@ -320,66 +230,6 @@ def doctor(
     return result
 
 
-def _decode_stages(done: Callable[[Stage], None], index: DatasetIndex, samples: list[dict[str, Any]],
-                   ids: Any, size: Any, seed: int, kwargs: Mapping[str, Any], cores: int, ranks: int,
-                   batch_size: int, secs: _Budget) -> None:
-    decoder = _decoder("cpu", size, seed, kwargs)
-    labels = index.labels[ids] if index.labels is not None and len(ids) else None
-    batch = min(batch_size, PROBE_BATCH)
-    one = decode_probe(decoder, samples, labels, processes=1, batch=batch, seconds=secs["decode_core"])
-    done(Stage("decode_core", "decode + augment (1 core)", one.samples_per_s,
-               f"{one.samples_per_s:,.0f} samples/s in one process, from memory, {len(samples)} samples "
-               f"cycled", {"measurement": one.to_json()}, measurement=one))
-    if cores * ranks < 2:
-        done(Stage("decode_all", "decode + augment (all cores)", one.samples_per_s,
-                   "1 core: the same as above", {"processes": 1}, measurement=one))
-        return
-    procs = cores * ranks
-    m = decode_probe(decoder, samples, labels, processes=procs, batch=batch, seconds=secs["decode_all"])
-    detail = f"{procs} processes, {m.samples_per_s / max(1e-9, one.samples_per_s):.1f}x one core"
-    if ranks > 1:
-        detail += f", shared by {ranks} ranks"
-    done(Stage("decode_all", f"decode + augment ({procs} cores)", m.samples_per_s / ranks, detail,
-               {"processes": procs, "measurement": m.to_json()}, measurement=m))
-
-
-def _dali_stage(done: Callable[[Stage], None], path: str, skip: str | None, batch_size: int, size: Any,
-                secs: _Budget | Any, kwargs: Mapping[str, Any]) -> None:
-    if skip is not None:
-        done(Stage("dali", "GPU decode (DALI)", None, "", {}, skipped=skip))
-        return
-    from fastfeed.tune import measure_loader
-    from fastfeed.tune_space import Setting
-
-    dali_kwargs = {k: v for k, v in kwargs.items() if k not in ("transform", "decode_backend")}
-    try:
-        m = measure_loader(path, Setting(0, None), batch_size=batch_size, decode="dali", image_size=size,
-                           seconds=secs["dali"] / 1.5, loader_kwargs=dali_kwargs)
-    except FastfeedError as e:
-        done(Stage("dali", "GPU decode (DALI)", None, "", {}, skipped=str(e)))
-        return
-    done(Stage("dali", "GPU decode (DALI)", m.samples_per_s, f"loader(decode='dali'), start-up {m.startup_s:.1f} s",
-               {"measurement": m.to_json()}, measurement=m))
-
-
-def _balance_stage(done: Callable[[Stage], None], index: DatasetIndex, world: int, batch_size: int,
-                   seed: int) -> Any:
-    lengths = index.lengths
-    if lengths is None:
-        done(Stage("balance", "length balance", None, "", {}, skipped="no lengths in the index "
-                                                                       "(`fastfeed pack --length FIELD`)"))
-        return None
-    from fastfeed.balance import balance_report
-
-    r = balance_report(lengths, world_size=world, batch_size=batch_size, seed=seed)
-    ff, base = r.rows[0], r.rows[1]
-    detail = (f"world size {world}: padding efficiency {base.padding_efficiency:.2f} -> {ff.padding_efficiency:.2f}, "
-              f"straggler ratio {base.straggler_ratio:.2f} -> {ff.straggler_ratio:.2f} "
-              f"(DistributedSampler -> length buckets)")
-    done(Stage("balance", "length balance", None, detail, r.to_json()))
-    return r
-
-
 def _report(f: Facts, index: DatasetIndex, findings: tuple[Finding, ...], limiting: str, deliverable: float,
             input_bound: bool | None, headroom: float | None, world: int, setting: Any, elapsed: float,
             target_rate: float | None, step_time: float | None) -> DoctorReport:
@@ -389,7 +239,7 @@ def _report(f: Facts, index: DatasetIndex, findings: tuple[Finding, ...], limiti
                "bytes": sum(s.bytes for s in index.shards), "fields": list(index.fields), "remote": f.remote,
                "lengths": index.lengths is not None, "fits_in_memory": f.fits_in_memory}
     host = {"cores": cpu_count(), "local_ranks": f.local_ranks, "cores_per_rank": f.cores_per_rank,
-            "memory_gib": memory_total() / 2**30, "world_size": world}
+            "memory_gib": memory_total() / 2**30, "world_size": world, "load_average": f.load_average}
     settings = {"batch_size": f.batch_size, "image_size": list(f.image_size) if f.image_size else None,
                 "decode": f.decode, "setting": setting.label, "num_workers": f.num_workers,
                 "prefetch_factor": f.prefetch_factor, "workers_from": f.workers_from, "cache_dir": f.cache_dir}

@@ -312,8 +312,9 @@ def _init_decoder(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarra
     _decode_batch(0)  # imports (OpenCV, simplejpeg) and first-use costs, before anything is timed
 
 
-def _decode_batch(k: int) -> int:
-    """Decode batch ``k`` of the samples in memory (ids run on, so crops differ); its size."""
+def _decode_batch(k: int) -> tuple[int, float]:
+    """Decode batch ``k`` of the samples in memory (ids run on, so crops differ): (size, CPU seconds)."""
+    cpu0 = time.process_time()
     samples, batch = _JOB["samples"], _JOB["batch"]
     n = len(samples)
     ids = np.arange(k * batch, (k + 1) * batch, dtype=np.int64)
@@ -321,31 +322,37 @@ def _decode_batch(k: int) -> int:
     labels = _JOB["labels"]
     labs = None if labels is None else labels[ids % n]
     out = _JOB["decoder"].decode_batch(pick, ids, 0, labs, None)
-    return len(out["__key__"]) if "__key__" in out else batch
+    return (len(out["__key__"]) if "__key__" in out else batch), time.process_time() - cpu0
 
 
-def _pool_batches(pool: Any, processes: int) -> Iterator[int]:
+def _pool_batches(pool: Any, processes: int, cpu: list[float]) -> Iterator[int]:
     # one batch in flight per process: results arrive as they are made, not in bursts
     pending = deque(pool.apply_async(_decode_batch, (k,)) for k in range(processes))
     k = len(pending)
     while True:
-        n = pending.popleft().get()
+        n, seconds = pending.popleft().get()
         pending.append(pool.apply_async(_decode_batch, (k,)))
         k += 1
+        cpu[0] += n
+        cpu[1] += seconds
         yield n
 
 
 def decode_probe(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarray | None, *,
-                 processes: int, batch: int, seconds: float) -> Measurement:
+                 processes: int, batch: int, seconds: float) -> tuple[Measurement, float]:
     """Decode + augmentation throughput of ``processes`` processes over samples in memory.
 
     Each process decodes whole batches with the loader's decoder (one thread each, as in
     a DataLoader worker) and returns only the count, so the figure is the decode ceiling
     without reading or handing batches over.
 
+    Returns:
+        The measurement (wall-clock rates), and samples per CPU-second of the decoding
+        processes: what one dedicated core does, whatever else shares the cores.
+
     Example:
-        >>> m = decode_probe(CpuDecoder(image_size=224), samples, None, processes=1, batch=16,
-        ...                  seconds=3)                                          # doctest: +SKIP
+        >>> m, per_cpu_second = decode_probe(CpuDecoder(image_size=224), samples, None, processes=1,
+        ...                                  batch=16, seconds=3)                # doctest: +SKIP
     """
     if not samples:
         raise ConfigError("decode_probe: no samples to decode")
@@ -354,9 +361,13 @@ def decode_probe(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarray
     pool = ctx.Pool(processes, initializer=_init_decoder, initargs=(decoder, samples, labels, batch))
     try:
         pool.map(int, range(processes), chunksize=1)  # returns once the processes are started and warm
-        return measure(_pool_batches(pool, processes), samples_of=int, num_workers=processes,
-                       prefetch_factor=1, settle=0.1, min_batches=4, min_time=0.5 * seconds,
-                       max_time=seconds)
+        cpu = [0.0, 0.0]  # samples, CPU seconds
+        # five windows at most: results of several processes can arrive together, and a short
+        # window over such a pair would time nothing
+        m = measure(_pool_batches(pool, processes, cpu), samples_of=int, num_workers=processes,
+                    prefetch_factor=1, settle=0.1, min_batches=8, min_time=0.5 * seconds, max_time=seconds,
+                    windows=5)
+        return m, (cpu[0] / cpu[1] if cpu[1] > 0 else 0.0)
     finally:
         pool.terminate()
         pool.join()

@@ -131,10 +131,11 @@ class DoctorReport:
             f"  dataset  {d['num_samples']:,} samples in {d['num_shards']:,} {d['format']} shard(s), "
             f"{d['bytes'] / 1e6:,.1f} MB" + (", remote" if d.get("remote") else ""),
             f"  host     {h['cores']} usable core(s), {h['local_ranks']} rank(s) on this host, "
-            f"{h['memory_gib']:.0f} GiB",
-            f"  loader   batch {self.settings['batch_size']}, image size {self.settings['image_size']}, "
+            f"{h['memory_gib']:.0f} GiB" + (f", load average {h['load_average']:.1f}"
+                                            if h.get("load_average") is not None else ""),
+            f"  loader   batch {self.settings['batch_size']}, image size {_size(self.settings['image_size'])}, "
             f"decode {self.settings['decode']}, {self.settings['setting']} ({self.settings['workers_from']})",
-            f"  demand   " + (f"{self.demand:,.0f} samples/s per rank ({self.demand_from})" if self.demand
+            "  demand   " + (f"{self.demand:,.0f} samples/s per rank ({self.demand_from})" if self.demand
                               else "not given (pass --target-rate or --step-time)"),
             "",
         ]
@@ -208,6 +209,10 @@ td.n{{text-align:right;font-variant-numeric:tabular-nums}}.f{{border-left:4px so
         out = Path(path)
         out.write_text(self.html(), encoding="utf-8")
         return out
+
+
+def _size(size: list[int] | None) -> str:
+    return "as stored" if not size else f"{size[1]}x{size[0]}"
 
 
 def svg_chart(report: DoctorReport, width: int = 900, bar_h: int = 26) -> str:

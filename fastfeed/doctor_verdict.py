@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fastfeed._util import format_bytes
 from fastfeed.bottleneck import INPUT_BOUND, LoadProfile, diagnose
 from fastfeed.doctor_probes import ImageStats
 from fastfeed.doctor_report import Finding, Stage
@@ -34,6 +35,8 @@ __all__ = ["Facts", "conclude"]
 MARGIN = 0.10
 #: "decode" becomes "workers" when decode on all cores beats the loader by this factor.
 MORE_WORKERS = 1.25
+#: Below this many timed batches the workers' idle share is noise (batches in flight at the ends).
+FEW_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Facts:
     images: ImageStats | None
     balance: Any  # BalanceReport | None
     dali_skipped: str | None
+    load_average: float | None = None
 
     def rate(self, key: str) -> float | None:
         s = self.stages.get(key)
@@ -93,11 +97,19 @@ def limiting_stage(f: Facts) -> tuple[str, float]:
     if f.profile is None or f.profile.batches == 0:  # DALI: no worker timings
         return ("storage" if storage is not None and storage < 1.2 * loader else "decode"), deliverable
     kind = diagnose(replace(f.profile, wait_fraction=1.0)).kind  # the doctor's loop only waits
-    if kind == "decode" and f.num_workers < f.cores_per_rank and decode_all and decode_all > MORE_WORKERS * loader:
-        kind = "workers"
+    if kind == "transfer" and f.profile.batches < FEW_BATCHES:  # idle time is not measurable from so few
+        kind = "storage" if f.profile.read_share >= 0.5 else "decode"
+    if kind == "decode" and _more_workers_help(f) and (not f.demand or decode_all >= f.demand * (1 + MARGIN)):
+        kind = "workers"  # more workers reach the demand (or, without one, go faster): the setting limits
     if kind == "transfer" and decode_all and loader >= 0.8 * decode_all:
         kind = "decode"
     return kind, deliverable
+
+
+def _more_workers_help(f: Facts) -> bool:
+    """Fewer workers than cores, and decode on all cores is clearly faster than the loader."""
+    loader, decode_all = f.rate("loader") or 0.0, f.rate("decode_all")
+    return f.num_workers < f.cores_per_rank and decode_all is not None and decode_all > MORE_WORKERS * loader
 
 
 _LABELS = {"storage": "storage", "decode": "decode + augmentation on the CPU", "transfer":
@@ -129,10 +141,11 @@ def _storage(f: Facts) -> tuple[str, str]:
     fixes = []
     if f.remote and f.cache_dir is None:
         fixes.append("pass cache_dir='/local/disk/cache' to loader(): each shard is downloaded once per host "
-                     "and later epochs read local disk")
+                     "(without it, every worker downloads the shards it reads, every epoch) and later epochs read "
+                     "local disk")
     latency, mb_s, shard = fig.get("latency_ms"), fig.get("mb_per_s"), fig.get("shard_bytes", 0)
     if latency and mb_s and shard < 64e6 and latency / 1e3 > 0.25 * shard / (mb_s * 1e6):
-        fixes.append(f"requests are small for their latency ({latency:,.0f} ms each, {shard / 1e6:,.1f} MB shards): "
+        fixes.append(f"requests are small for their latency ({latency:,.0f} ms each, {format_bytes(shard)} shards): "
                      "re-pack with larger shards (`fastfeed pack ... --shard-size 256MB`)")
     if f.profile is not None and f.profile.batches and f.profile.cpu_share < 0.5:
         fixes.append(f"raise num_workers beyond the cores (e.g. {max(2, 2 * f.num_workers)}): workers waiting "
@@ -165,6 +178,9 @@ def _decode(f: Facts) -> tuple[str, str]:
            f"({_n(core)} per core), storage {_n(f.rate('storage'))}; the loader delivers "
            f"{_n(f.rate('loader'))}{_busy(f)}")
     fixes = []
+    if _more_workers_help(f):
+        fixes.append(f"use all {f.cores_per_rank} cores: num_workers={f.num_workers} reaches {_n(f.rate('loader'))}, "
+                     f"all cores {_n(all_)} samples/s (`{f.tune_command()}`)")
     dali = f.rate("dali")
     if dali is not None:
         fixes.append(f"decode on the GPU: loader(..., decode='dali') delivered {dali:,.0f} samples/s here")
@@ -218,10 +234,10 @@ _EXPLAIN = {"storage": _storage, "decode": _decode, "workers": _workers, "transf
 # ---------------------------------------------------------------------- findings
 def _step_wait(f: Facts) -> str:
     s = f.stages.get("loader_step")
-    if s is None or s.skipped:
+    if s is None or s.skipped or s.figures.get("wait_fraction") is None:
         return ""
-    return (f"; with a {f.step_time or f.batch_size / (f.demand or 1):.3g} s training step simulated, "
-            f"the loop waited {s.figures['wait_fraction']:.0%} of step time (loader.stats)")
+    return (f"; with a {s.figures['step_time']:.3g} s training step simulated, the loop waited "
+            f"{s.figures['wait_fraction']:.0%} of step time (loader.stats)")
 
 
 def _balance(f: Facts) -> Finding | None:
@@ -262,6 +278,16 @@ def _extras(f: Facts, kind: str) -> list[Finding]:
                            f"cold storage delivers {_n(storage)} samples/s, the loader {_n(loader)} from warm data",
                            f"nothing to do for later epochs (they read {where}); a faster first epoch needs "
                            "faster storage"))
+    cores = f.cores_per_rank * f.local_ranks
+    if f.load_average is not None and f.load_average > 1.5 * cores:
+        per_cpu = (f.stages["decode_core"].figures.get("per_cpu_second") if "decode_core" in f.stages else None)
+        out.append(Finding(
+            "busy-host", f"the machine was busy: load average {f.load_average:.1f} on {cores} core(s) before the "
+                         "doctor started",
+            "other processes shared the cores, so the CPU-bound figures (decode, loader) are lower than on an "
+            "idle machine" + (f"; one dedicated core decodes ~{per_cpu:,.0f} samples/s (per CPU-second)"
+                              if per_cpu else ""),
+            "diagnose again while the machine is otherwise idle, or keep other work off the training cores"))
     src = f.stages.get("source")
     if src is not None and not src.skipped and src.samples_per_s and storage:
         ratio = storage / src.samples_per_s
@@ -325,8 +351,8 @@ def conclude(f: Facts) -> tuple[tuple[Finding, ...], str, float, bool | None, fl
                 "nothing to fix in the input pipeline: look at the training step itself (model, kernels, "
                 "communication)." + need + bursty)
     else:
-        main = Finding(kind, f"the pipeline delivers {deliverable:,.0f} samples/s per rank; the limiting stage is "
-                             f"{label}", why, fix + " (pass --target-rate or --step-time to compare with training)")
+        main = Finding(kind, f"the pipeline delivers {deliverable:,.0f} samples/s per rank, limited by {label} "
+                             "(no demand given: pass --target-rate or --step-time to compare with training)", why, fix)
     findings = [main]
     if balance is not None:
         findings.insert(0 if not input_bound else 1, balance)

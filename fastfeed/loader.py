@@ -31,7 +31,6 @@ import inspect
 import logging
 import os
 import sys
-import types
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -394,17 +393,3 @@ def _warn_no_cache(index: DatasetIndex, workers: int, max_open: int) -> None:
         "host to local disk", max(1, workers), max_open, format_bytes(max_open * per_shard),
     )
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``fastfeed.loader(...)`` work whichever is imported first.
-
-    Importing this module (``from fastfeed.loader import Loader``) binds the package
-    attribute ``fastfeed.loader`` to the module, hiding the lazily exported function;
-    calling the module calls :func:`loader`.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Loader:
-        return loader(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

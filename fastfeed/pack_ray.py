@@ -206,12 +206,12 @@ def _window(ray: Any) -> int:
 
 
 def _failure(ray: Any, e: BaseException, shard: str, max_retries: int) -> BaseException:
-    """The error to raise for a failed task: the data error itself, or what to do next."""
+    """The error to raise for a failed task: what the task raised (as the local engine
+    raises it: a SourceError naming the file, an OSError, ...), or, when its worker or node
+    kept dying, what to do next."""
     if isinstance(e, ray.exceptions.RayTaskError):
         cause = getattr(e, "cause", None)
-        if isinstance(cause, FastfeedError):
-            return cause
-        return e
+        return cause if isinstance(cause, BaseException) else e
     return FastfeedError(
         f"{shard}: its Ray task failed {max_retries + 1} time(s), last with {type(e).__name__}: {e}. "
         "Shards already complete are kept: re-run the same command to resume (raise max_retries "

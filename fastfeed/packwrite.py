@@ -49,11 +49,11 @@ __all__ = ["ShardResult", "read_source", "shard_fingerprint", "write_shard"]
 
 log = logging.getLogger("fastfeed.pack")
 
-#: Reader threads per writing process: they overlap file reads (and Pillow work, which
-#: releases the GIL) with hashing and writing, and keep several reads in flight on cold
-#: caches and network file systems.
-IO_THREADS = 4
-_CHUNK = 16
+#: Local sources: samples whose files the kernel is asked to read ahead (see ``_loaded``).
+READAHEAD = 64
+#: Sources on object storage: reader threads per writing process, keeping requests in flight.
+IO_THREADS = 8
+_CHUNK = 4
 _TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
 ProgressFn = Callable[[int, int], None]
 
@@ -295,16 +295,49 @@ def _load_or_problem(plan: PackPlan, spec: SampleSpec) -> tuple[SampleSpec, Any]
 
 
 def _loaded(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
-    """Load samples in order, several chunks ahead on reader threads."""
+    """Load samples in order, with reads of the next ones already under way.
+
+    Local files: the kernel is asked to read :data:`READAHEAD` samples ahead
+    (``posix_fadvise(WILLNEED)``), so disk or network-file-system reads overlap with
+    hashing and writing at the cost of one cheap system call per file, without Python
+    threads (which cost more CPU than they save on a warm page cache). Object storage:
+    :data:`IO_THREADS` reader threads keep requests in flight.
+    """
+    if is_url(plan.root):
+        yield from _loaded_threads(plan, samples)
+        return
+    advise = hasattr(os, "posix_fadvise")
+    if advise:
+        for ahead in samples[:READAHEAD]:
+            _will_need(plan.root, ahead)
+    for i, spec in enumerate(samples):
+        if advise and i + READAHEAD < len(samples):
+            _will_need(plan.root, samples[i + READAHEAD])
+        yield _load_or_problem(plan, spec)
+
+
+def _will_need(root: str, spec: SampleSpec) -> None:
+    for m in spec.members:
+        if m.path is None:
+            continue
+        try:
+            fd = os.open(os.path.join(root, m.path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue  # reading it will report the problem
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
     chunks = [samples[i:i + _CHUNK] for i in range(0, len(samples), _CHUNK)]
 
     def load_chunk(chunk: tuple[SampleSpec, ...]) -> list[tuple[SampleSpec, Any]]:
         return [_load_or_problem(plan, s) for s in chunk]
 
-    if IO_THREADS <= 1 or len(chunks) <= 1:
-        for c in chunks:
-            yield from load_chunk(c)
-        return
     with ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fastfeed-read") as ex:
         window: deque = deque()
         it = iter(chunks)

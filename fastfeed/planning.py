@@ -88,8 +88,8 @@ class CostFn:
             if self._call(np.full(1, L)) > budget:
                 self._cap_cache[key] = 0
             else:
-                lo, hi = 1, 2  # exponential then binary search on n
-                while hi < 2**31 and self._call(np.full(hi, L)) <= budget:
+                lo, hi = 1, 2  # exponential then binary search on n (no batch needs more than 2**24)
+                while hi <= 1 << 24 and self._call(np.full(hi, L)) <= budget:
                     lo, hi = hi, hi * 2
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
@@ -194,8 +194,7 @@ def _batch_features(ls: np.ndarray, starts: np.ndarray, counts: np.ndarray,
     mx = np.maximum.reduceat(ls, idx).reshape(shape)
     s1 = np.add.reduceat(ls, idx).astype(np.float64).reshape(shape)
     if need_sq:
-        lf = ls.astype(np.float64)
-        s2 = np.add.reduceat(lf * lf, idx).reshape(shape)
+        s2 = np.add.reduceat(by_value(ls, lambda v: v.astype(np.float64) ** 2), idx).reshape(shape)
     else:
         s2 = np.zeros(shape)
     return counts, mx, s1, s2
@@ -242,7 +241,9 @@ def adaptive_jitter(ls: np.ndarray, jitter: float, batch_size_at: Callable[[np.n
     lo_v = np.clip(np.floor(np.expm1(np.log1p(v) - jitter / 2)), 0, hi).astype(np.int64)
     hi_v = np.clip(np.ceil(np.expm1(np.log1p(v) + jitter / 2)), 0, hi).astype(np.int64)
     window = np.maximum(cum[hi_v + 1] - cum[lo_v], 1)
-    b = np.maximum(np.asarray(batch_size_at(np.arange(hi + 1, dtype=np.int64)), dtype=np.float64), 1.0)
+    present = np.flatnonzero(counts)
+    b = np.ones(hi + 1)
+    b[present] = np.maximum(np.asarray(batch_size_at(present), dtype=np.float64), 1.0)
     raw = np.sqrt(b / (window * np.maximum(v, 1.0)))
     tokens = counts * np.maximum(v, 1.0)
     for _ in range(2):  # normalise, clip, normalise again
@@ -376,12 +377,20 @@ def _apply_snake(arr: np.ndarray, st: np.ndarray, nz: np.ndarray, W: int, rows: 
     for z in np.unique(zs):
         r = rows[zs == z]
         perm = _snake_perm(int(z), W)
-        first, k = int(st[r[0]]), r.shape[0]
-        if np.array_equal(st[r], first + z * np.arange(k)):  # back to back: reshape, no index matrix
-            out[first:first + k * z] = arr[first:first + k * z].reshape(k, z)[:, perm].ravel()
-        else:
-            base = st[r][:, None]
-            out[base + np.arange(z)] = arr[base + perm]
+        starts = st[r]
+        # runs of back-to-back steps of this size are one reshape each, no index matrix
+        breaks = np.flatnonzero(np.diff(starts) != z) + 1
+        for run in np.split(starts, breaks):
+            first, k = int(run[0]), run.shape[0]
+            if k >= 4 and z % W == 0:  # whole rounds: reverse odd rounds, then rounds x ranks -> ranks x rounds
+                block = arr[first:first + k * z].reshape(k, z // W, W).copy()
+                block[:, 1::2, :] = block[:, 1::2, ::-1]
+                out[first:first + k * z] = block.transpose(0, 2, 1).ravel()
+            elif k >= 4:
+                out[first:first + k * z] = np.take(arr[first:first + k * z].reshape(k, z), perm, axis=1).ravel()
+            else:
+                base = run[:, None]
+                out[base + np.arange(z)] = arr[base + perm]
     return out
 
 
@@ -421,8 +430,12 @@ def _split_steps(ids: np.ndarray, ls: np.ndarray, bounds: np.ndarray, W: int, co
     costs: list[np.ndarray] = []
     valid: list[np.ndarray] = []
 
+    laid: dict[str, np.ndarray] = {}
+
     def candidate(c: np.ndarray, is_snake: bool) -> None:
-        arr = _apply_snake(ls, st, nz, W, every) if is_snake else ls
+        arr = ls
+        if is_snake:
+            arr = laid["ls"] = _apply_snake(ls, st, nz, W, every)
         s = _starts(st, c)
         costs.append(cost.batch_costs(arr, s, c, lambda: _batch_features(arr, s, c, cost.needs_sq)))
         valid.append(np.all(c > 0, axis=1))
@@ -439,8 +452,12 @@ def _split_steps(ids: np.ndarray, ls: np.ndarray, bounds: np.ndarray, W: int, co
     final = np.take_along_axis(np.stack(counts), pick[None, :, None], axis=0)[0]
     for i in np.flatnonzero(snake):
         rows = np.flatnonzero(pick == i)
-        if rows.size:
-            ids, ls = _apply_snake(ids, st, nz, W, rows), _apply_snake(ls, st, nz, W, rows)
+        if rows.size == st.shape[0]:
+            ids, ls = _apply_snake(ids, st, nz, W, every), laid["ls"]
+        elif rows.size:  # lay out every step, keep the snake layout where it was picked
+            mask = np.repeat(pick == i, nz)
+            ids = np.where(mask, _apply_snake(ids, st, nz, W, every), ids)
+            ls = np.where(mask, laid["ls"], ls)
     return ids, ls, _starts(st, final), final
 
 

@@ -216,3 +216,13 @@ def test_raw_decoder_and_image_field_choice() -> None:
     assert b["jpg"][0][:2] == b"\xff\xd8" and b["label"].tolist() == [3, 4] and b["cls"] == [b"0", b"1"]
     assert pick_image_field(["png", "jpg", "seg.png"]) == "jpg"
     assert pick_image_field(["left.png", "txt"]) == "left.png"
+
+
+def test_explicit_image_field() -> None:
+    ss = samples(2)
+    for s in ss:
+        s["seg.png"] = s.pop("jpg")  # still JPEG bytes: the field name picks, the bytes decode
+    b = CpuDecoder(image_size=8, image_field="seg.png").decode_batch(ss, np.arange(2), 0, None, None)
+    assert b["image"].shape[0] == 2 and "seg.png" not in b
+    with pytest.raises(SampleError, match="no field 'left.jpg'.*it has"):
+        CpuDecoder(image_size=8, image_field="left.jpg").decode_batch(ss, np.arange(2), 0, None, None)

@@ -19,7 +19,12 @@ import fastfeed
 
 from _loader_data import write_dataset
 
-pytestmark = pytest.mark.dist
+pytestmark = [
+    pytest.mark.dist,
+    # ranks fork from the test process, as DataLoader workers do (Python >= 3.12 warns when
+    # the forking process runs threads, e.g. a session's moto server)
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 
 EPOCHS = 2
 

@@ -387,3 +387,34 @@ def test_fast_tar_header_equals_tarfile() -> None:
     for name in names:
         for size in (0, 1, 511, 512, 100_000, 8**11 - 1, 8**11):
             assert _header(name, size) == _tarfile_header(name, size), (name, size)
+
+
+def test_progress_bar_on_a_terminal(small_image_folder: Path, tmp_path: Path) -> None:
+    import fcntl
+    import pty
+    import struct
+    import sys
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout and stderr are the terminal
+        try:
+            fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+            os.environ["PYTHONPATH"] = str(Path(__file__).parent.parent)
+            os.execv(sys.executable, [sys.executable, "-m", "fastfeed", "pack", str(small_image_folder),
+                                      str(tmp_path / "o"), "--workers", "1"])
+        finally:
+            os._exit(127)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = out.decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "pack: 100%" in text and "/60.0 [" in text and "file/s" in text and "MB/s" in text

@@ -170,12 +170,15 @@ class CpuDecoder:
     # ------------------------------------------------------------------ pieces
     def _field(self, sample: dict[str, Any]) -> str:
         f = self.image_field
-        if f is not None and f in sample:
+        if f is not None:
+            if f not in sample:
+                have = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+                raise SampleError(f"no field '{f}' (image_field=) in this sample; it has {have}")
             return f
         found = pick_image_field([k for k in sample if not k.startswith("__")])
         if found is None:
-            want = f or "/".join(_PREFERRED)
-            raise SampleError(f"no image field ({want}) in this sample; pass image_field= or decode=None")
+            raise SampleError(f"no image field ({'/'.join(_PREFERRED)}, ...) in this sample; "
+                              "pass image_field= or decode=None")
         return found
 
     def _box(self, u: np.ndarray | None) -> Callable[[int, int], tuple[int, int, int, int]]:

@@ -68,7 +68,7 @@ def random_resized_crop(
 
     Example:
         >>> random_resized_crop(100, 100, np.full(NUM_UNIFORMS, 0.5))
-        (23, 23, 54, 54)
+        (14, 14, 73, 73)
     """
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
