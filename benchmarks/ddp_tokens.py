@@ -13,7 +13,9 @@ benchmark, masking does not change the padded FLOPs):
   ff-attention    DistributedTokenBudgetSampler(cost="attention", d_model=width)
   ff-fitted       DistributedTokenBudgetSampler(cost=calibrate(step, features="padded"))
 packed / varlen inputs (all sequences of a batch concatenated; attention per sequence
-through a jagged nested tensor + SDPA, i.e. cu_seqlens without flash-attn):
+through a jagged nested tensor + SDPA, i.e. cu_seqlens without flash-attn; where this
+torch/GPU cannot run that forward + backward, one SDPA per group of equal-length
+sequences, said on stdout and in the JSON):
   ds-fixed-varlen, ff-varlen (cost="varlen"), ff-fitted-varlen (calibrated, "varlen")
 
 The gradient all-reduce is done by hand after backward (DDP semantics without
@@ -52,8 +54,11 @@ import torch.nn.functional as F  # noqa: E402
 import fastfeed  # noqa: E402
 from fastfeed.costmodel import CostModel  # noqa: E402
 
+#: varlen attention: jagged nested tensors, or (if this torch/GPU lacks them) per-length groups
+VARLEN: dict[str, Any] = {"impl": "nested", "groups": None}
+
 PADDED = ["ds-fixed", "ff-bucket", "ff-tokens", "ff-attention", "ff-fitted"]
-VARLEN = ["ds-fixed-varlen", "ff-varlen", "ff-fitted-varlen"]
+VARLEN_CONFIGS = ["ds-fixed-varlen", "ff-varlen", "ff-fitted-varlen"]
 
 
 # ----------------------------------------------------------------------------- model
@@ -71,12 +76,17 @@ class Block(nn.Module):
             n, L, _ = h.shape
             q, k, v = h.view(n, L, 3, H, -1).permute(2, 0, 3, 1, 4)
             return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, L, -1)
-        # packed [T, 3d] + cu_seqlens: one jagged nested tensor per q, k, v
         T = h.shape[0]
-        parts = h.view(T, 3, H, -1).unbind(1)
-        q, k, v = (torch.nested.nested_tensor_from_jagged(p.contiguous(), offsets).transpose(1, 2) for p in parts)
-        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
-        return o.values().reshape(T, -1)
+        parts = [p.contiguous() for p in h.view(T, 3, H, -1).unbind(1)]  # q, k, v: [T, H, D]
+        if VARLEN["groups"] is None:  # packed [T, 3d] + cu_seqlens: jagged nested tensors
+            q, k, v = (torch.nested.nested_tensor_from_jagged(p, offsets).transpose(1, 2) for p in parts)
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+            return o.values().reshape(T, -1)
+        out = torch.empty_like(parts[0])  # fallback: one SDPA per group of equal-length sequences
+        for L, idx in VARLEN["groups"]:
+            q, k, v = (p[idx].view(-1, L, H, p.shape[-1]).transpose(1, 2) for p in parts)
+            out[idx] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, H, out.shape[-1])
+        return out.reshape(T, -1)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
         x = x + self.proj(self.attend(self.qkv(self.ln1(x)), offsets))
@@ -129,6 +139,7 @@ class Trainer:
                 total = int(lengths.sum())
                 tokens = torch.randint(0, a.vocab, (total,), device=dev, generator=self.gen)
                 offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)])).to(dev)
+                VARLEN["groups"] = None if VARLEN["impl"] == "nested" else length_groups(lengths, dev)
                 logits = self.model(tokens, offsets)
                 loss = F.cross_entropy(logits.float(), tokens)
             else:
@@ -163,6 +174,27 @@ class Trainer:
         padded = sum(r[5] for r in self.records)
         return {"wait_share": float(wait.sum() / step.sum()), "step_s": float(step.mean()),
                 "compute_s": float(comp.mean()), "real_tokens": real, "padded_tokens": padded}
+
+
+def length_groups(lengths: np.ndarray, dev: torch.device) -> list[tuple[int, torch.Tensor]]:
+    """Token positions of the sequences of each distinct length, for the fallback."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out = []
+    for L in np.unique(lengths):
+        s = starts[lengths == L]
+        out.append((int(L), torch.from_numpy((s[:, None] + np.arange(L)).ravel()).to(dev)))
+    return out
+
+
+def probe_varlen(trainer: "Trainer") -> None:
+    """Use nested tensors for varlen attention if a forward + backward works here."""
+    try:
+        trainer.step(np.array([5, 9, 3]), varlen=True, record=False)
+    except (RuntimeError, NotImplementedError) as e:
+        VARLEN["impl"] = "groups"
+        if dist.get_rank() == 0:
+            print(f"varlen attention: nested tensors unavailable ({str(e).splitlines()[0]}); "
+                  "using one SDPA per group of equal-length sequences", flush=True)
 
 
 # ----------------------------------------------------------------------------- samplers
@@ -270,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--budget", type=int, default=16384, help="padded tokens per batch of ff-tokens")
     ap.add_argument("--samples", type=int, default=200_000)
-    ap.add_argument("--configs", default=",".join(PADDED + VARLEN))
+    ap.add_argument("--configs", default=",".join(PADDED + VARLEN_CONFIGS))
     ap.add_argument("--shapes", type=int, default=24, help="calibration shapes")
     ap.add_argument("--repeats", type=int, default=3, help="timings per calibration shape")
     ap.add_argument("--calib-budget", type=float, default=60.0, help="seconds per calibration")
@@ -294,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     target = float(s1.sum() / n.size)  # mean real tokens per batch of ff-tokens at --budget
     B0 = max(1, round(target / float(lengths.mean())))
     trainer = Trainer(args, device)
+    if any(c.endswith("varlen") for c in args.configs.split(",")):
+        probe_varlen(trainer)
     rows = []
     if rank == 0:
         print(f"world {dist.get_world_size()} x {args.device}, model {args.layers}x{args.width}, "
@@ -312,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             ref = base.get("ds-fixed-varlen" if r["config"].endswith("varlen") else "ds-fixed")
             r["speedup_vs_ds_fixed"] = r["tokens_per_s"] / ref if ref else None
         out = {"ddp_tokens": {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                              "varlen_attention": VARLEN["impl"],
                               "world_size": dist.get_world_size(), "args": vars(args), "rows": rows}}
         print(json.dumps(out))
         if args.json:

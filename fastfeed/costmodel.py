@@ -42,7 +42,7 @@ import logging
 import math
 import os
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -492,8 +492,3 @@ def _report(X: np.ndarray, y: np.ndarray, coef: np.ndarray, outliers: tuple[int,
     r2 = 1.0 - float(np.sum((pred - y) ** 2)) / ss_tot if ss_tot > 0 else 1.0
     return FitReport(num_records=len(y), median_ape=float(np.median(ape)), worst_ape=float(ape.max()),
                      loo_median_ape=float(np.median(loo)), r2=r2, outliers=outliers, features=feats)
-
-
-def with_fit(model: CostModel, report: FitReport) -> CostModel:
-    """A copy of ``model`` carrying ``report`` (used by calibrate)."""
-    return replace(model, fit=report)

@@ -175,7 +175,8 @@ def doctor(
     from fastfeed.tune_space import Setting
 
     has_images = _has_images(index)
-    size = normalize_image_size((224 if has_images else None) if image_size == "auto" else image_size)
+    auto_size = 224 if has_images and decode is not None else None  # raw bytes are not resized
+    size = normalize_image_size(auto_size if image_size == "auto" else image_size)
     cores, ranks = cpu_count(), local_world_size()
     cores_per_rank = max(1, cores // ranks)
     workers, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,

@@ -188,7 +188,8 @@ class DoctorReport:
 <style>
 body{{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}}
-td.n{{text-align:right;font-variant-numeric:tabular-nums}}.f{{border-left:4px solid #999;padding:2px 12px;margin:12px 0}}
+td.n{{text-align:right;font-variant-numeric:tabular-nums}}
+.f{{border-left:4px solid #999;padding:2px 12px;margin:12px 0}}
 .v{{border-color:#c0392b;background:#fdf2f0}}code{{background:#eee;padding:0 3px}}
 </style></head><body>
 <h1>fastfeed doctor</h1>

@@ -74,9 +74,11 @@ class Facts:
         return (self.remote and self.cache_dir is None) or (not self.remote and not self.fits_in_memory)
 
     def tune_command(self) -> str:
-        size = f" --image-size {self.image_size[0]}" if self.image_size and self.image_size[0] == self.image_size[1] else ""
-        target = f" --target-rate {self.demand:.0f}" if self.demand else ""
-        return f"fastfeed tune {self.path} --batch-size {self.batch_size}{size}{target}"
+        size = self.image_size
+        opts = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
+        opts += f" --decode {self.decode}" if self.decode not in ("cpu", None) else ""
+        opts += f" --target-rate {self.demand:.0f}" if self.demand else ""
+        return f"fastfeed tune {self.path} --batch-size {self.batch_size}{opts}"
 
 
 def _n(x: float | None) -> str:
@@ -203,7 +205,8 @@ def _workers(f: Facts) -> tuple[str, str]:
         per_batch = f.batch_size / loader if loader else float("nan")
         why = (f"num_workers=0: each batch is read and decoded inside the training process, after the step "
                f"and not during it ({per_batch * 1e3:,.0f} ms per batch of {f.batch_size}, {_n(loader)} "
-               f"samples/s); decode on all {f.cores_per_rank} core(s) reaches {_n(all_)}{_busy(f)}")
+               f"samples/s)" + (f"; decode on all {f.cores_per_rank} core(s) reaches {_n(all_)}" if all_ else "")
+               + _busy(f))
         want = max(1, f.cores_per_rank - 1)
         if f.demand and core:
             want = max(1, min(want, math.ceil(f.demand * (1 + MARGIN) / core)))
@@ -302,59 +305,61 @@ def _extras(f: Facts, kind: str) -> list[Finding]:
     return out
 
 
+def _against_demand(f: Facts, kind: str, deliverable: float) -> tuple[Finding, str, bool]:
+    """The main finding with a demand: (finding, limiting kind, input-bound)."""
+    demand = f.demand or 1.0
+    headroom = deliverable / demand
+    label = _label(kind, f)
+    why, fix = _EXPLAIN.get(kind, _decode)(f)
+    step = f.stages.get("loader_step")
+    waited = step.figures.get("wait_fraction") if step is not None and not step.skipped else None
+    serial = None  # with num_workers=0 the loading time adds to every step: the share it takes
+    if f.num_workers == 0 and f.decode != "dali" and deliverable > 0:
+        load_t, step_t = f.batch_size / deliverable, f.batch_size / demand
+        serial = waited if waited is not None else load_t / (load_t + step_t)
+    if serial is not None and serial >= INPUT_BOUND:
+        why, fix = _workers(f)
+        title = (f"input-bound, limited by {_label('workers', f)}: every step waits ~{serial:.0%} of its time for "
+                 f"its batch (the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
+                 f"{demand:,.0f})")
+        return Finding("workers", title, why + _step_wait(f), fix), "workers", True
+    if headroom < 1 + MARGIN:
+        title = (f"input-bound, limited by {label}: the pipeline delivers {deliverable:,.0f} samples/s per rank, "
+                 f"training consumes {demand:,.0f} ({headroom:.2f}x"
+                 + (f", short by {1 - headroom:.0%})" if headroom < 1 else ")"))
+        return Finding(kind, title, why + _step_wait(f), fix), kind, True
+    advice = "nothing to fix in the input pipeline: look at the training step itself (model, kernels, communication)."
+    core = f.rate("decode_core")
+    if core and f.num_workers > 1 and f.decode == "cpu":
+        workers = math.ceil(demand * (1 + MARGIN) / core)
+        if workers < f.num_workers:
+            advice += (f" The input needs ~{workers} of the {f.num_workers} workers: `{f.tune_command()}` picks the "
+                       "cheapest setting that keeps up and leaves the other cores to training.")
+    if waited is not None and waited >= 2 * INPUT_BOUND:
+        advice += (f" The simulated run still waited {waited:.0%} of step time: batches arrive in bursts (epoch "
+                   "starts, slow batches); a larger prefetch_factor smooths them.")
+    title = (f"not input-bound: the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
+             f"{demand:,.0f} ({headroom:.1f}x headroom)")
+    return Finding("not-input-bound", title, f"the slowest input stage is {label}: {why}{_step_wait(f)}",
+                   advice), kind, False
+
+
 def conclude(f: Facts) -> tuple[tuple[Finding, ...], str, float, bool | None, float | None]:
     """(findings with the verdict first, limiting kind, deliverable samples/s, input-bound, headroom)."""
     kind, deliverable = limiting_stage(f)
-    why, fix = _EXPLAIN.get(kind, _decode)(f)
-    label = _label(kind, f)
-    balance = _balance(f)
     input_bound: bool | None = None
     headroom: float | None = None
     if f.demand:
         headroom = deliverable / f.demand
-        serial = None
-        if f.num_workers == 0 and f.decode != "dali" and deliverable > 0:
-            load_t, step_t = f.batch_size / deliverable, f.batch_size / f.demand
-            serial = load_t / (load_t + step_t)
-        step = f.stages.get("loader_step")
-        waited = step.figures.get("wait_fraction") if step is not None and not step.skipped else None
-        input_bound = headroom < 1 + MARGIN or (serial is not None and serial >= INPUT_BOUND)
-        if input_bound:
-            if serial is not None and serial >= INPUT_BOUND:
-                kind, label = "workers", _label("workers", f)
-                why, fix = _workers(f)
-                title = (f"input-bound, limited by {label}: every step waits ~{serial:.0%} of its time for its batch "
-                         f"(the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
-                         f"{f.demand:,.0f})")
-            else:
-                title = (f"input-bound, limited by {label}: the pipeline delivers {deliverable:,.0f} samples/s per "
-                         f"rank, training consumes {f.demand:,.0f} ({headroom:.2f}x"
-                         + (f", short by {1 - headroom:.0%})" if headroom < 1 else ")"))
-            main = Finding(kind, title, why + _step_wait(f), fix)
-        else:
-            need = ""
-            core = f.rate("decode_core")
-            if core and f.num_workers > 1 and f.decode == "cpu":
-                workers = math.ceil(f.demand * (1 + MARGIN) / core)
-                if workers < f.num_workers:
-                    need = (f" The input needs ~{workers} of the {f.num_workers} workers: `{f.tune_command()}` "
-                            "picks the cheapest setting that keeps up and leaves the other cores to training.")
-            bursty = ""
-            if waited is not None and waited >= 2 * INPUT_BOUND:
-                bursty = (f" The simulated run still waited {waited:.0%} of step time: batches arrive in bursts "
-                          "(epoch starts, slow batches); a larger prefetch_factor smooths them.")
-            main = Finding(
-                "not-input-bound",
-                f"not input-bound: the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
-                f"{f.demand:,.0f} ({headroom:.1f}x headroom)",
-                f"the slowest input stage is {label}: {why}{_step_wait(f)}",
-                "nothing to fix in the input pipeline: look at the training step itself (model, kernels, "
-                "communication)." + need + bursty)
+        main, kind, input_bound = _against_demand(f, kind, deliverable)
     else:
-        main = Finding(kind, f"the pipeline delivers {deliverable:,.0f} samples/s per rank, limited by {label} "
-                             "(no demand given: pass --target-rate or --step-time to compare with training)", why, fix)
+        why, fix = _EXPLAIN.get(kind, _decode)(f)
+        main = Finding(kind, f"the pipeline delivers {deliverable:,.0f} samples/s per rank, limited by "
+                             f"{_label(kind, f)} (no demand given: pass --target-rate or --step-time to compare "
+                             "with training)", why, fix)
     findings = [main]
-    if balance is not None:
-        findings.insert(0 if not input_bound else 1, balance)
+    balance = _balance(f)
+    if balance is not None:  # wasted compute whatever the input does: first unless the input binds
+        findings.insert(1 if input_bound else 0, balance)
     findings += _extras(f, kind)
     return tuple(findings), kind, deliverable, input_bound, headroom

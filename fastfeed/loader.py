@@ -30,7 +30,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import sys
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
