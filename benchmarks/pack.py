@@ -12,11 +12,13 @@ One generated ImageFolder (``bench-data/synth-N``: ImageNet-like JPEGs, ~500x375
 - ``litdata.optimize`` with the same number of workers (2), when litdata imports: a
   function returning ``{"jpg": bytes, "cls": int}`` per file, ``chunk_bytes`` 256 MB.
 
-Every tool's time runs from the call to its return (data written to the page cache; no
-tool syncs to disk, and the previous run's output is deleted and synced away first).
-``--out`` picks where the shards go: the default (``bench-data/pack-out``) is on the same
-disk as the source; a tmpfs (``/dev/shm/pack-out``) takes the output disk's write speed out
-of the comparison, so what remains is each tool's own cost.
+Every run happens in a fresh Python process (so no run inherits another's threads or
+state), and its time runs from the call to its return, after the tool's module is
+imported (data written to the page cache; no tool syncs to disk, and the previous run's
+output is deleted and synced away first). Besides wall time, each run reports its CPU time
+(user + system, the process and its worker processes): on a shared machine wall time
+measures the other tenants as much as the tool, CPU time much less. ``--out`` picks where
+the shards go (default ``bench-data/pack-out``, on the same disk as the source).
 The page cache is set the same way before every run: ``cold`` drops the source files
 from it (``posix_fadvise(DONTNEED)``), ``warm`` reads them all first.
 
@@ -24,7 +26,7 @@ Run (dev machine; ~10 minutes the first time, most of it generating the images):
 
     .venv-bench/bin/python benchmarks/pack.py            # with litdata (make bench-env)
     .venv/bin/python benchmarks/pack.py                  # without litdata
-    .venv/bin/python benchmarks/pack.py --out /dev/shm/pack-out --skip litdata
+    .venv/bin/python benchmarks/pack.py --cache warm --repeat 3 --skip litdata
 
 Prints files/s and MB/s per tool and cache state, fastfeed's ratios to each peer and to
 the fastest peer, and one ``RESULT {json}`` line.
@@ -94,54 +96,49 @@ def run_litdata(src: Path, out: Path, items: list, workers: int) -> int:
     return len(items)
 
 
-class CpuMeter:
-    """CPU seconds (user + system) of this process and all its descendants during a run.
+TOOLS: dict[str, tuple[Callable[..., int], int, str]] = {
+    "fastfeed 1 worker": (run_fastfeed, 1, "fastfeed"),
+    "fastfeed 2 workers": (run_fastfeed, 2, "fastfeed"),
+    "webdataset.ShardWriter": (run_webdataset, 1, "webdataset"),
+    "litdata.optimize 2 workers": (run_litdata, 2, "litdata"),
+}
 
-    Wall time on a shared machine measures the other tenants as much as the tool; CPU time
-    does not. Descendants are sampled every 0.1 s (their last 0.1 s before exiting can be
-    missed: at most a few tenths of a second per process). Needs psutil (in .venv-bench).
+
+def _cpu_seconds() -> float:
+    """CPU (user + system) of this process and its waited-for children so far."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_one(name: str, src: Path, out: Path) -> dict[str, float]:
+    """One timed run of one tool, meant for a fresh process (see :func:`_run_isolated`).
+
+    The tool's module is imported first (not timed). CPU is this process plus its worker
+    processes, which every tool waits for before returning: wall time on a shared machine
+    measures the other tenants as much as the tool, CPU time much less.
     """
-
-    def __init__(self) -> None:
-        import threading
-
-        import psutil
-
-        self._me = psutil.Process()
-        self._seen: dict[int, float] = {}
-        self._stop = threading.Event()
-        t = self._me.cpu_times()
-        self._start = t.user + t.system
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        import psutil
-
-        for child in self._me.children(recursive=True):
-            try:
-                t = child.cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            self._seen[child.pid] = max(self._seen.get(child.pid, 0.0), t.user + t.system)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self._sample()
-
-    def stop(self) -> float:
-        self._sample()
-        self._stop.set()
-        self._thread.join()
-        t = self._me.cpu_times()
-        return t.user + t.system - self._start + sum(self._seen.values())
+    fn, workers, module = TOOLS[name]
+    __import__(module)
+    items = list_imagefolder(src)
+    c0, t0 = _cpu_seconds(), time.perf_counter()
+    n = fn(src, out, items, workers)
+    return {"n": n, "seconds": time.perf_counter() - t0, "cpu": _cpu_seconds() - c0}
 
 
-def _cpu_meter() -> CpuMeter | None:
-    try:
-        return CpuMeter()
-    except ImportError:
-        return None
+def _run_isolated(name: str, src: Path, out: Path) -> dict[str, float]:
+    """:func:`run_one` in a new interpreter, so no run inherits another's threads or state."""
+    import json
+    import subprocess
+
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import pack; "
+            f"print('RUN ' + json.dumps(pack.run_one({name!r}, pack.Path({str(src)!r}), pack.Path({str(out)!r}))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RUN ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(line[4:])
 
 
 def _prepare(src: Path, out: Path, cache: str) -> None:
@@ -158,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool and cache state (median)")
     ap.add_argument("--skip", default="", help="comma-separated tools to leave out (e.g. litdata)")
     ap.add_argument("--out", default=str(BENCH_DATA / "pack-out"),
-                    help="where the shards go (deleted after each run); a tmpfs such as /dev/shm/pack-out "
-                         "takes the output disk's write speed out of the comparison")
+                    help="where the shards go (deleted after each run)")
     args = ap.parse_args(argv)
 
     env = environment()
@@ -167,20 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     items = list_imagefolder(src)
     total = sum(os.path.getsize(p) for p, _, _ in items)
     log(f"{len(items)} files, {total / 1e6:.0f} MB in {src}")
-    tools: list[tuple[str, Callable[..., int], int]] = [
-        ("fastfeed 1 worker", run_fastfeed, 1),
-        ("fastfeed 2 workers", run_fastfeed, 2),
-        ("webdataset.ShardWriter", run_webdataset, 1),
-    ]
+    names = [n for n in TOOLS if n != "litdata.optimize 2 workers"]
     try:
         import litdata  # noqa: F401
 
-        tools.append(("litdata.optimize 2 workers", run_litdata, 2))
+        names.append("litdata.optimize 2 workers")
     except ImportError:
         log("litdata is not installed here (it needs torchvision, i.e. the 5.5 GB CUDA torch build): "
             "run with .venv-bench/bin/python to include it")
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    tools = [t for t in tools if not any(s in t[0] for s in skip)]
+    names = [n for n in names if not any(s in n for s in skip)]
     caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
     out = Path(args.out)
     log(f"output to {out}")
@@ -188,13 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     cpus: dict[tuple[str, str], list[float]] = {}
     for cache in caches:
         for _ in range(args.repeat):
-            for name, fn, workers in tools:
+            for name in names:
                 _prepare(src, out, cache)
-                meter = _cpu_meter()
-                t0 = time.perf_counter()
-                n = fn(src, out, items, workers)
-                dt = time.perf_counter() - t0
-                cpu = meter.stop() if meter is not None else float("nan")
+                run = _run_isolated(name, src, out)
+                dt, cpu, n = run["seconds"], run["cpu"], int(run["n"])
                 if n != len(items):
                     raise SystemExit(f"{name} wrote {n} samples, expected {len(items)}")
                 times.setdefault((name, cache), []).append(dt)
@@ -202,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{cache:>4} {name}: {dt:.1f} s, {len(items) / dt:,.0f} files/s, {total / dt / 1e6:,.0f} MB/s, "
                     f"{cpu:.1f} CPU s, load {os.getloadavg()[0]:.1f}")
     shutil.rmtree(out, ignore_errors=True)
-    return _report(tools, caches, times, cpus, len(items), total, env, out)
+    return _report(names, caches, times, cpus, len(items), total, env, out)
 
 
-def _report(tools: list, caches: list[str], times: dict, cpus: dict, files: int, total: int, env: dict,
+def _report(names: list[str], caches: list[str], times: dict, cpus: dict, files: int, total: int, env: dict,
             out: Path) -> int:
     import json
     import statistics
@@ -215,7 +204,7 @@ def _report(tools: list, caches: list[str], times: dict, cpus: dict, files: int,
                                      for c in caches))
     rates: dict[str, dict[str, float]] = {}
     cpu_ms: dict[str, dict[str, float]] = {}
-    for name, _, _ in tools:
+    for name in names:
         cells = ""
         for c in caches:
             dt = statistics.median(times[(name, c)])

@@ -71,13 +71,14 @@ def _digest(root: Path) -> str:
 
 
 class CpuMeter:
-    """CPU-s used by this process tree during a run, sampled from ``/proc`` every 50 ms.
+    """CPU-s used by this process tree during a run, sampled from ``/proc`` every 100 ms.
 
     Each process is keyed by (pid, start time) and its own utime + stime is remembered at
     its last sighting, so processes that exit during the run still count (parents'
     cutime would not do: a Ray raylet ignores SIGCHLD, so its dead workers' time is
-    accounted nowhere). A process living under 50 ms may be missed. The sampling thread's
-    own CPU is subtracted. Subtrees rooted at ``exclude`` are left out.
+    accounted nowhere). A process living under 100 ms may be missed. Only new pids and the
+    tree's own pids are read each time (a few ms), and the sampling thread's own CPU is
+    subtracted. Subtrees rooted at ``exclude`` are left out.
     """
 
     def __init__(self, exclude: set[int]) -> None:
@@ -85,6 +86,7 @@ class CpuMeter:
 
         self.exclude = exclude
         self.tick = os.sysconf("SC_CLK_TCK")
+        self.member: dict[int, tuple[str, bool]] = {}  # pid -> (start time, in the tree)
         self.seen: dict[tuple[int, str], float] = {}
         self.stop = threading.Event()
         self.tid = 0
@@ -92,27 +94,43 @@ class CpuMeter:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    @staticmethod
+    def _stat(pid: int) -> list[str] | None:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return text[text.rindex(")") + 2:].split()
+
     def _sample(self) -> dict[tuple[int, str], float]:
-        stats: dict[int, list[str]] = {}
-        for p in Path("/proc").iterdir():
-            if p.name.isdigit():
-                try:
-                    text = (p / "stat").read_text()
-                except OSError:
+        pids = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+        fresh: dict[int, list[str]] = {}
+        for pid in pids:
+            if pid not in self.member and (f := self._stat(pid)) is not None:
+                fresh[pid] = f
+        me = os.getpid()
+        changed = True
+        while changed:  # a new child may be listed before its new parent
+            changed = False
+            for pid, f in list(fresh.items()):
+                parent = self.member.get(int(f[1]))
+                if pid == me or (parent is not None and parent[1]):
+                    self.member[pid] = (f[19], pid not in self.exclude)
+                elif parent is None and int(f[1]) in fresh:
                     continue
-                stats[int(p.name)] = text[text.rindex(")") + 2:].split()
-        children: dict[int, list[int]] = {}
-        for pid, f in stats.items():
-            children.setdefault(int(f[1]), []).append(pid)
+                else:
+                    self.member[pid] = (f[19], False)
+                del fresh[pid]
+                changed = True
         now: dict[tuple[int, str], float] = {}
-        todo = [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            if pid in self.exclude or pid not in stats:
+        for pid in pids:
+            start, inside = self.member.get(pid, ("", False))
+            if not inside or (f := self._stat(pid)) is None:
                 continue
-            f = stats[pid]
-            now[(pid, f[19])] = (int(f[11]) + int(f[12])) / self.tick  # own utime + stime
-            todo.extend(children.get(pid, []))
+            if f[19] != start:  # the pid was reused by another process
+                del self.member[pid]
+                continue
+            now[(pid, start)] = (int(f[11]) + int(f[12])) / self.tick  # own utime + stime
         self.seen.update(now)
         return now
 
@@ -120,16 +138,19 @@ class CpuMeter:
         import threading
 
         self.tid = threading.get_native_id()
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(0.1):
             self._sample()
 
     def _own(self) -> float:
+        f = self._stat_task()
+        return 0.0 if f is None else (int(f[11]) + int(f[12])) / self.tick
+
+    def _stat_task(self) -> list[str] | None:
         try:
-            f = Path(f"/proc/self/task/{self.tid}/stat").read_text()
+            text = Path(f"/proc/self/task/{self.tid}/stat").read_text()
         except OSError:
-            return 0.0
-        f = f[f.rindex(")") + 2:].split()
-        return (int(f[11]) + int(f[12])) / self.tick
+            return None
+        return text[text.rindex(")") + 2:].split()
 
     def done(self) -> float:
         """Stop sampling; CPU-s used since the meter was created."""

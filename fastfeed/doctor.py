@@ -63,18 +63,31 @@ __all__ = ["DoctorReport", "Finding", "Stage", "doctor"]
 log = logging.getLogger(__name__)
 
 
-def _check(batch_size: int, target_rate: float | None, step_time: float | None) -> float | None:
+def _check(batch_size: int, target_rate: float | None, step_time: float | None, time_budget: str | float,
+           decode: str | None, world_size: int | None, source: Any) -> tuple[float | None, float, int]:
+    """Validate the arguments; returns (demand in samples/s or None, budget seconds, world size)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
     if target_rate is not None and step_time is not None:
         raise ConfigError("give target_rate (samples/s per rank) or step_time (seconds per batch), not both")
+    demand = target_rate
     if step_time is not None:
         if not step_time > 0:
             raise ConfigError(f"step_time={step_time} must be > 0 seconds")
-        return batch_size / step_time
+        demand = batch_size / step_time
     if target_rate is not None and not target_rate > 0:
         raise ConfigError(f"target_rate={target_rate} must be > 0 samples/s")
-    return target_rate
+    budget = parse_duration(time_budget, "time_budget")
+    if budget <= 0:
+        raise ConfigError(f"time_budget={time_budget!r} must be positive")
+    if decode not in ("cpu", "dali", None):
+        raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None")
+    world = world_size if world_size is not None else resolve_world()[1]
+    if world < 1:
+        raise ConfigError(f"world_size={world} must be >= 1")
+    if source is not None and (is_url(str(source)) or not os.path.isdir(source)):
+        raise ConfigError(f"--source {source}: not a local folder; give the folder the dataset was packed from")
+    return demand, budget, world
 
 
 def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex:
@@ -155,17 +168,7 @@ def doctor(
     """
     start = time.monotonic()
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before we add our own
-    demand = _check(batch_size, target_rate, step_time)
-    budget = parse_duration(time_budget, "time_budget")
-    if budget <= 0:
-        raise ConfigError(f"time_budget={time_budget!r} must be positive")
-    if decode not in ("cpu", "dali", None):
-        raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None")
-    world = world_size if world_size is not None else resolve_world()[1]
-    if world < 1:
-        raise ConfigError(f"world_size={world} must be >= 1")
-    if source is not None and (is_url(str(source)) or not os.path.isdir(source)):
-        raise ConfigError(f"--source {source}: not a local folder; give the folder the dataset was packed from")
+    demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     path_s = str(path)
     kwargs = dict(loader_kwargs or {})
     kwargs.update(cache_dir=cache_dir, storage_options=storage_options, rank=0, world_size=1)
@@ -196,23 +199,10 @@ def doctor(
             on_stage(stage)
 
     run = Run(path_s, setting, batch_size, decode, size, kwargs, seed, Budget(budget, plan), emit)
-    emit(storage_probe(index, seconds=run.budget["storage"], local_ranks=ranks, storage_options=storage_options))
-    if source is not None:
-        emit(source_probe(source, seconds=run.budget["source"], num_samples=index.num_samples,
-                          local_ranks=ranks, seed=seed))
-    samples, ids = read_samples(index, cache_dir=cache_dir, storage_options=storage_options)
-    images = image_stats(samples, kwargs.get("image_field")) if has_images else None
-    if decode == "cpu":
-        decode_stages(run, index, samples, ids, cores_per_rank, ranks)
-    else:
-        why = "decode=None: raw bytes" if decode is None else "decode='dali': measured by the loader stage"
-        emit(Stage("decode_core", "decode + augment (1 core)", None, "", {}, skipped=why))
-    m, profile = loader_stage(run, workers_from=workers_from)
-    if demand:
-        step_stage(run, demand=demand, rate=m.samples_per_s,
-                   step=step_time if step_time is not None else batch_size / demand)
-    dali_stage(run, dali_skip)
-    balance = balance_stage(run, index, world)
+    profile, images, balance = _measure(
+        run, index, source=source, demand=demand, step=step_time if step_time is not None else
+        batch_size / demand if demand else None, workers_from=workers_from, dali_skip=dali_skip, world=world,
+        cores_per_rank=cores_per_rank, ranks=ranks, has_images=has_images, storage_options=storage_options)
     facts = Facts(path=path_s, batch_size=batch_size, image_size=size, decode=decode, num_workers=workers,
                   prefetch_factor=pf, workers_from=workers_from, cores_per_rank=cores_per_rank, local_ranks=ranks,
                   remote=is_url(index.shard_path(0)) if index.shards else False,
@@ -229,6 +219,33 @@ def doctor(
     if report is not None:
         result.write_html(report)
     return result
+
+
+def _measure(run: Run, index: DatasetIndex, *, source: Any, demand: float | None, step: float | None,
+             workers_from: str, dali_skip: str | None, world: int, cores_per_rank: int, ranks: int,
+             has_images: bool, storage_options: Any) -> tuple[Any, Any, Any]:
+    """Run every stage in turn; returns (the loader's profile, image sizes, the balance report)."""
+    cache_dir = run.loader_kwargs.get("cache_dir")
+    samples, ids = read_samples(index, cache_dir=cache_dir, storage_options=storage_options)
+    images = image_stats(samples, run.loader_kwargs.get("image_field")) if has_images else None
+    if run.decode == "cpu":
+        decode_stages(run, index, samples, ids, cores_per_rank, ranks)
+    else:
+        why = "decode=None: raw bytes" if run.decode is None else "decode='dali': measured by the loader stage"
+        run.emit(Stage("decode_core", "decode + augment (1 core)", None, "", {}, skipped=why))
+    del samples
+    m, profile = loader_stage(run, workers_from=workers_from)
+    if demand and step:
+        step_stage(run, demand=demand, rate=m.samples_per_s, step=step)
+    dali_stage(run, dali_skip)
+    # the cold-cache probes last: dropping the shards from the page cache earlier would make the
+    # loader's figure colder than the page cache the training finds
+    run.emit(storage_probe(index, seconds=run.budget["storage"], local_ranks=ranks,
+                           storage_options=storage_options))
+    if source is not None:
+        run.emit(source_probe(source, seconds=run.budget["source"], num_samples=index.num_samples,
+                              local_ranks=ranks, seed=run.seed))
+    return profile, images, balance_stage(run, index, world)
 
 
 def _report(f: Facts, index: DatasetIndex, findings: tuple[Finding, ...], limiting: str, deliverable: float,

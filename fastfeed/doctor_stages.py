@@ -101,11 +101,16 @@ def decode_stages(run: Run, index: DatasetIndex, samples: list[dict[str, Any]], 
 
 
 # ---------------------------------------------------------------------- the loader
-def loader_run(run: Run, *, seconds: float, step_time: float | None = None) -> tuple[Measurement, LoadProfile]:
+def loader_run(run: Run, *, seconds: float, step_time: float | None = None
+               ) -> tuple[Measurement, LoadProfile, float | None]:
     """Measure the loader through tune's ``measure_loader``; its workers' profile after warm-up.
 
     With ``step_time`` every batch is followed by that much sleep: the training step,
     simulated, so ``loader.stats`` shows the wait fraction training would see.
+
+    Returns:
+        The measurement, the workers' profile, and the CPU share of the training process
+        itself while batches arrived (receiving them: unpickling, the pin-memory thread).
     """
     from fastfeed.tune import measure_loader
 
@@ -118,8 +123,10 @@ def loader_run(run: Run, *, seconds: float, step_time: float | None = None) -> t
 
     def consume(batch: Any) -> None:
         seen[0] += 1
+        held["end"] = (time.perf_counter(), time.process_time())
         if seen[0] == warm:  # the prefetch queue has been drained once: steady from here
             held["before"] = held["dl"].stats.summary()
+            held["start"] = held["end"]
         if step_time:
             time.sleep(step_time)
 
@@ -130,13 +137,16 @@ def loader_run(run: Run, *, seconds: float, step_time: float | None = None) -> t
     profile = LoadProfile.between(held.get("before", {}), after, run.setting.num_workers)
     if profile.batches < 2:  # too slow for steady batches after warm-up: take every timed batch
         profile = LoadProfile.between({}, after, run.setting.num_workers)
-    return m, profile
+    main_cpu = None
+    if "start" in held and held["end"][0] > held["start"][0]:
+        main_cpu = (held["end"][1] - held["start"][1]) / (held["end"][0] - held["start"][0])
+    return m, profile, main_cpu
 
 
 def loader_stage(run: Run, *, workers_from: str) -> tuple[Measurement, LoadProfile]:
     """The loader at its setting, as fast as it goes (the loop does nothing but wait)."""
     seconds = run.budget["loader"] / 1.5
-    m, p = loader_run(run, seconds=seconds)
+    m, p, main_cpu = loader_run(run, seconds=seconds)
     parts = [f"p10-p90 {m.p10_samples_per_s:,.0f}-{m.p90_samples_per_s:,.0f}", f"start-up {m.startup_s:.1f} s"]
     if p.batches:
         who = "main process" if run.setting.num_workers == 0 else "workers"
@@ -144,7 +154,8 @@ def loader_stage(run: Run, *, workers_from: str) -> tuple[Measurement, LoadProfi
                         f"decoding, {p.cpu_share:.0%} CPU)")
     run.emit(Stage("loader", f"loader ({run.setting.label})", m.samples_per_s, ", ".join(parts),
                    {"setting": run.setting.loader_kwargs(), "workers_from": workers_from, "seconds": seconds,
-                    "profile": p.to_json(), "measurement": m.to_json()}, measurement=m))
+                    "main_cpu_share": main_cpu, "profile": p.to_json(), "measurement": m.to_json()},
+                   measurement=m))
     return m, p
 
 
@@ -163,7 +174,7 @@ def step_stage(run: Run, *, demand: float, rate: float, step: float) -> None:
         run.emit(Stage("loader_step", name, None, "", {"step_time": step}, skipped=(
             f"~{seconds * 1.5:.0f} s needed to time a few {per_step:.2g} s steps; raise --time-budget")))
         return
-    m, p = loader_run(run, seconds=seconds, step_time=step)
+    m, p, _ = loader_run(run, seconds=seconds, step_time=step)
     if p.batches < 3:
         run.emit(Stage("loader_step", name, None, "", {"step_time": step},
                        skipped="too few batches within the time budget to time the wait; raise --time-budget"))

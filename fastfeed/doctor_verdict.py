@@ -224,9 +224,21 @@ def _workers(f: Facts) -> tuple[str, str]:
 def _transfer(f: Facts) -> tuple[str, str]:
     why = (f"the loader delivers {_n(f.rate('loader'))} samples/s while decode on all cores reaches "
            f"{_n(f.rate('decode_all'))} and storage {_n(f.rate('storage'))}{_busy(f)}")
+    loader = f.stages.get("loader")
+    main_cpu = loader.figures.get("main_cpu_share") if loader is not None else None
+    if main_cpu is not None and main_cpu >= 0.8:
+        why += f"; the training process itself used {main_cpu:.0%} of a core just receiving the batches"
+        fix = ("the training process is busy receiving batches (each one is pickled across processes, except its "
+               "tensors): return tensors rather than lists of Python objects (a transform that tokenizes into "
+               f"arrays), or larger batches to spread the per-batch cost; `{f.tune_command()}` measures the "
+               "setting")
+        return why, fix
     fix = ("batches are held up between the workers and the loop: raise prefetch_factor (`"
            f"{f.tune_command()}` searches it), leave a core to the training process, and keep the per-batch "
            "work of the loop (transfers, Python) small")
+    if f.load_average is not None and f.load_average > 1.5 * f.cores_per_rank * f.local_ranks:
+        fix += ("; on this busy machine the workers and the loop may both have been waiting for a core, so "
+                "diagnose again when it is idle")
     return why, fix
 
 

@@ -49,11 +49,12 @@ __all__ = ["ShardResult", "read_source", "shard_fingerprint", "write_shard"]
 
 log = logging.getLogger("fastfeed.pack")
 
-#: Local sources: samples whose files the kernel is asked to read ahead (see ``_loaded``).
-READAHEAD = 64
+#: Local sources: samples whose files are opened and read ahead by the kernel (``_loaded``).
+READAHEAD = 32
 #: Sources on object storage: reader threads per writing process, keeping requests in flight.
 IO_THREADS = 8
 _CHUNK = 4
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
 ProgressFn = Callable[[int, int], None]
 
@@ -129,10 +130,15 @@ def read_source(path: str, size: int, offset: int | None = None) -> bytes:
 
         return read(path, size, offset)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, _O_READ)
     except OSError as e:
         raise BadFileError(f"{show(path)}: cannot read ({e.strerror}); fix its permissions, "
                            "or pass --on-error skip") from None
+    return _read_open(fd, path, size, offset)
+
+
+def _read_open(fd: int, path: str, size: int, offset: int | None = None) -> bytes:
+    """:func:`read_source` on a file already open as ``fd`` (closed here)."""
     try:
         pos = offset or 0
         want = size if offset is not None else size + 1  # one more byte detects growth
@@ -162,8 +168,10 @@ def _json_value(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def _load_sample(plan: PackPlan, spec: SampleSpec) -> tuple[dict[str, bytes], int, int]:
-    """Read one sample's members; returns (fields, files read, bytes read)."""
+def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
+                 ) -> tuple[dict[str, bytes], int, int]:
+    """Read one sample's members (using files ``fds`` already opened by ``_loaded``);
+    returns (fields, files read, bytes read)."""
     fields: dict[str, bytes] = {}
     files = nbytes = 0
     record: dict[str, Any] | None = None
@@ -171,8 +179,9 @@ def _load_sample(plan: PackPlan, spec: SampleSpec) -> tuple[dict[str, bytes], in
         if m.path is not None:
             where = m.path
             path = os.path.join(plan.root, m.path)
+            fd = fds.pop(path, None) if fds else None
             try:
-                data = read_source(path, m.size)
+                data = read_source(path, m.size) if fd is None else _read_open(fd, path, m.size)
             except (BadFileError, OSError) as e:
                 reason = str(e).removeprefix(f"{show(path)}: ").split("; ")[0]
                 raise _Problem(BadFileError, where, reason,
@@ -284,9 +293,10 @@ def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
         return -1
 
 
-def _load_or_problem(plan: PackPlan, spec: SampleSpec) -> tuple[SampleSpec, Any]:
+def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
+                     ) -> tuple[SampleSpec, Any]:
     try:
-        fields, files, nbytes = _load_sample(plan, spec)
+        fields, files, nbytes = _load_sample(plan, spec, fds)
         label = _label(plan, spec, fields)
         length = _length(plan, spec, fields) if plan.options.length else None
         return spec, (fields, files, nbytes, label, length)
@@ -297,39 +307,51 @@ def _load_or_problem(plan: PackPlan, spec: SampleSpec) -> tuple[SampleSpec, Any]
 def _loaded(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
     """Load samples in order, with reads of the next ones already under way.
 
-    Local files: the kernel is asked to read :data:`READAHEAD` samples ahead
-    (``posix_fadvise(WILLNEED)``), so disk or network-file-system reads overlap with
-    hashing and writing at the cost of one cheap system call per file, without Python
-    threads (which cost more CPU than they save on a warm page cache). Object storage:
+    Local files: the files of the next :data:`READAHEAD` samples are opened and the
+    kernel is asked to read them (``posix_fadvise(WILLNEED)``), so disk or network file
+    system reads overlap with hashing and writing, at the cost of one system call per
+    file and without Python threads (which cost more CPU than they save on a warm page
+    cache). Object storage:
     :data:`IO_THREADS` reader threads keep requests in flight.
     """
     if is_url(plan.root):
         yield from _loaded_threads(plan, samples)
         return
-    advise = hasattr(os, "posix_fadvise")
-    if advise:
+    if not hasattr(os, "posix_fadvise"):
+        for spec in samples:
+            yield _load_or_problem(plan, spec)
+        return
+    fds: dict[str, int] = {}  # files opened ahead; reading one closes it
+    try:
         for ahead in samples[:READAHEAD]:
-            _will_need(plan.root, ahead)
-    for i, spec in enumerate(samples):
-        if advise and i + READAHEAD < len(samples):
-            _will_need(plan.root, samples[i + READAHEAD])
-        yield _load_or_problem(plan, spec)
+            _will_need(plan.root, ahead, fds)
+        for i, spec in enumerate(samples):
+            if i + READAHEAD < len(samples):
+                _will_need(plan.root, samples[i + READAHEAD], fds)
+            yield _load_or_problem(plan, spec, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
-def _will_need(root: str, spec: SampleSpec) -> None:
+def _will_need(root: str, spec: SampleSpec, fds: dict[str, int]) -> None:
+    """Open the sample's files and ask the kernel to start reading them."""
     for m in spec.members:
         if m.path is None:
             continue
+        path = os.path.join(root, m.path)
         try:
-            fd = os.open(os.path.join(root, m.path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, _O_READ)
         except OSError:
-            continue  # reading it will report the problem
+            continue  # reading it later reports the problem
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
-        finally:
-            os.close(fd)
+        old = fds.pop(path, None)  # the same file twice in the window (a JSONL manifest can)
+        if old is not None:
+            os.close(old)
+        fds[path] = fd
 
 
 def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:

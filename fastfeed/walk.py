@@ -251,8 +251,14 @@ def _text_problem(name: str) -> str | None:
     return None
 
 
+#: Keys made only of these characters, no dots, no empty parts: safe without more checks.
+_PLAIN_KEY = re.compile(r"[\w\-+=,@%~()]+(?:/[\w\-+=,@%~()]+)*")
+
+
 def key_problem(key: str) -> str | None:
     """Why ``key`` cannot be stored safely as a member name, or None."""
+    if _PLAIN_KEY.fullmatch(key):
+        return None
     if not key:
         return "empty key"
     if (why := _text_problem(key)) is not None:

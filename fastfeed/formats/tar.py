@@ -103,8 +103,7 @@ class TarShardWriter:
         self._own = fileobj is None
         self._sha = hashlib.sha256()
         self._pos = 0
-        self._dali: list[str] = []
-        self._dali_v11: list[str] = []
+        self._dali: list[list[tuple[str, int, int, str]]] = []  # per sample (ext, data offset, size, name)
         self._names_have_spaces = False
 
     def _write(self, data: bytes) -> None:
@@ -114,24 +113,30 @@ class TarShardWriter:
 
     def add(self, key: str, fields: Mapping[str, bytes]) -> tuple[int, int]:
         """Append a sample; return (offset of its first header, byte span)."""
-        start = self._pos
-        entry: list[str] = []
-        short: list[str] = []
+        start = pos = self._pos
+        write, update = self._f.write, self._sha.update
+        members = []
         for ext in sorted(fields):
             data = fields[ext]
+            size = len(data)
             name = f"{key}.{ext}"
-            self._write(_header(name, len(data)))
-            entry.append(f"{ext} {self._pos} {len(data)} {name}")
-            short.append(f"{ext} {self._pos} {len(data)}")
-            self._write(data)
-            pad = -len(data) % BLOCK
+            header = _header(name, size)
+            pad = _ZEROS[:-size % BLOCK] if size % BLOCK else b""
+            write(header)
+            update(header)
+            write(data)
+            update(data)
             if pad:
-                self._write(_ZEROS[:pad])
+                write(pad)
+                update(pad)
+            pos += len(header)
+            members.append((ext, pos, size, name))
+            pos += size + len(pad)
+        self._pos = pos
         if not self._names_have_spaces and (_SPACE.search(key) or any(_SPACE.search(f) for f in fields)):
             self._names_have_spaces = True
-        self._dali.append(" ".join(entry))
-        self._dali_v11.append(" ".join(short))
-        return start, self._pos - start
+        self._dali.append(members)
+        return start, pos - start
 
     def dali_index(self) -> str:
         """DALI webdataset index text for the samples written so far.
@@ -142,8 +147,9 @@ class TarShardWriter:
         which DALI reads the same way minus the source-info path.
         """
         if self._names_have_spaces:
-            return f"v1.1 {len(self._dali_v11)}\n" + "".join(e + "\n" for e in self._dali_v11)
-        return dali_index_text(self._dali)
+            lines = [" ".join(f"{e} {o} {n}" for e, o, n, _ in m) for m in self._dali]
+            return f"v1.1 {len(lines)}\n" + "".join(line + "\n" for line in lines)
+        return dali_index_text([" ".join(f"{e} {o} {n} {name}" for e, o, n, name in m) for m in self._dali])
 
     def close(self) -> tuple[int, str]:
         """Write the end-of-archive blocks and padding; return (size, sha256)."""
