@@ -176,33 +176,43 @@ class Loader(DataLoader):
         Raises:
             StateError: the state is malformed or was saved by a loader with another order.
         """
-        if not isinstance(state, Mapping):
-            raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-        now = self.state_dict()
-        missing = sorted(set(now) - set(state))
-        if missing:
-            raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
-        if state["fastfeed_loader"] != STATE_VERSION:
-            raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
-        for name in ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"):
-            v = state[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
-        diffs = [f"{k}={state[k]!r}, now {now[k]!r}" for k in _MUST_MATCH if state[k] != now[k]]
-        if diffs:
-            raise StateError(
-                "loader state does not fit this loader: saved with " + "; ".join(diffs)
-                + ". Resume with the same dataset, world size, batch size, drop_last, shuffle, seed "
-                "and shuffle_block (the sample order depends on them)"
-            )
-        if not state["rank"] < state["world_size"]:
-            raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
-        if state["batches"] > len(self):
-            raise StateError(
-                f"loader state: batches={state['batches']} but an epoch of this loader has only {len(self)}"
-            )
+        check_state(state, self.state_dict(), len(self))
         self._epoch, self._consumed, self._resume = state["epoch"], state["batches"], state["batches"]
         self._epoch_set = False
+
+
+def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int) -> None:
+    """Validate a saved loader state against the loader's own (``now``); shared by the
+    CPU and DALI loaders, whose state layouts are the same.
+
+    Raises:
+        StateError: the state is malformed, or the order it was saved with differs (the
+            message names every difference: "saved with world_size=8, now 4").
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
+    missing = sorted(set(now) - set(state))
+    if missing:
+        raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
+    if state["fastfeed_loader"] != STATE_VERSION:
+        raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
+    for name in ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"):
+        v = state[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
+    diffs = [f"{k}={state[k]!r}, now {now[k]!r}" for k in _MUST_MATCH if state[k] != now[k]]
+    if diffs:
+        raise StateError(
+            "loader state does not fit this loader: saved with " + "; ".join(diffs)
+            + ". Resume with the same dataset, world size, batch size, drop_last, shuffle, seed "
+            "and shuffle_block (the sample order depends on them)"
+        )
+    if not state["rank"] < state["world_size"]:
+        raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
+    if state["batches"] > epoch_batches:
+        raise StateError(
+            f"loader state: batches={state['batches']} but an epoch of this loader has only {epoch_batches}"
+        )
 
 
 def _batch_size(batch: dict[str, Any]) -> int:

@@ -39,8 +39,9 @@ from fastfeed.decode._dali_source import (
 )
 from fastfeed.decode._dali_table import SampleTable, sample_table
 from fastfeed.decode.dali import DaliOptions
-from fastfeed.errors import ConfigError, FastfeedError, SampleError, StateError
+from fastfeed.errors import ConfigError, FastfeedError, SampleError
 from fastfeed.index import DatasetIndex
+from fastfeed.loader import STATE_VERSION, check_state
 from fastfeed.partition import EpochPlan, num_batches, plan_epoch
 from fastfeed.stats import LoaderStats
 
@@ -48,10 +49,6 @@ __all__ = ["DaliLoader", "build_pipeline"]
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1  # fastfeed.loader.STATE_VERSION: the layouts are the same
-# state fields that must match exactly, in the order they are reported (as fastfeed.loader)
-_MUST_MATCH = ("dataset", "num_samples", "world_size", "batch_size", "drop_last", "shuffle", "seed",
-               "shuffle_block")
 _SAMPLE_NO = re.compile(r"sample #(\d+)")
 _TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last table read, reused
 
@@ -293,28 +290,7 @@ class DaliLoader:
             StateError: the state is malformed or was saved by a loader with another
                 order (the message says what differs: "saved with world_size=8, now 4").
         """
-        if not isinstance(state, Mapping):
-            raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-        now = self.state_dict()
-        missing = sorted(set(now) - set(state))
-        if missing:
-            raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from state_dict()")
-        if state["fastfeed_loader"] != STATE_VERSION:
-            raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
-        for name in ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"):
-            v = state[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
-        diffs = [f"{k}={state[k]!r}, now {now[k]!r}" for k in _MUST_MATCH if state[k] != now[k]]
-        if diffs:
-            raise StateError(
-                "loader state does not fit this loader: saved with " + "; ".join(diffs)
-                + ". Resume with the same dataset, world size, batch size, drop_last, shuffle, seed "
-                "and shuffle_block (the sample order depends on them)")
-        if not state["rank"] < state["world_size"]:
-            raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
-        if state["batches"] > len(self):
-            raise StateError(f"loader state: batches={state['batches']} but an epoch has {len(self)} batches")
+        check_state(state, self.state_dict(), len(self))
         self._epoch, self._consumed, self._start = state["epoch"], state["batches"], state["batches"]
         self._epoch_set = False
 
