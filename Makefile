@@ -51,7 +51,7 @@ $(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt | $(B
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	$(BENCH_PIP) install $(BENCH_TORCH)
-	$(BENCH_PIP) install -e '.[s3,turbo]' -r benchmarks/requirements-bench.txt
+	$(BENCH_PIP) install -e '.[s3,turbo,ray]' -r benchmarks/requirements-bench.txt
 	touch $@
 
 bench-env: $(BENCH_VENV)/.installed

@@ -141,6 +141,31 @@ def _run_isolated(name: str, src: Path, out: Path) -> dict[str, float]:
     return json.loads(line[4:])
 
 
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def core_headroom(seconds: float = 3.0) -> float:
+    """CPU time two busy processes get together, relative to one alone (2.0 on 2 free cores).
+
+    On a shared machine this says how much a second worker can add at all.
+    """
+    import multiprocessing as mp
+
+    got = []
+    for n in (1, 2):
+        c0 = _cpu_seconds()
+        procs = [mp.get_context("fork").Process(target=_busy, args=(seconds,)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        got.append(_cpu_seconds() - c0)
+    return got[1] / got[0]
+
+
 def _prepare(src: Path, out: Path, cache: str) -> None:
     shutil.rmtree(out, ignore_errors=True)
     os.sync()  # the previous run's dirty output must not be written back during this one
@@ -156,9 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated tools to leave out (e.g. litdata)")
     ap.add_argument("--out", default=str(BENCH_DATA / "pack-out"),
                     help="where the shards go (deleted after each run)")
+    ap.add_argument("--headroom-only", action="store_true",
+                    help="only measure how much CPU a second process can get here, then stop")
     args = ap.parse_args(argv)
 
     env = environment()
+    env["core_headroom"] = core_headroom()
+    log(f"two busy processes get {env['core_headroom']:.2f}x the CPU time of one (2.00 on 2 free cores), "
+        f"load {os.getloadavg()[0]:.1f}")
+    if args.headroom_only:
+        return 0
     src = Path(args.src) if args.src else synth_image_folder(args.images)
     items = list_imagefolder(src)
     total = sum(os.path.getsize(p) for p, _, _ in items)

@@ -30,12 +30,16 @@ sys.path.insert(0, str(HERE))
 from _common import BENCH_DATA  # noqa: E402
 
 # run first (cheap, or producing data the others reuse); the rest follow alphabetically
-ORDER = ("pack", "loader_cpu", "loader_memory", "loader_s3", "tune")
+ORDER = ("pack", "loader_cpu", "loader_memory", "loader_s3", "decode_per_core", "tune")
+# need one process per rank under torchrun (and a GPU for their figures): see their headers
+TORCHRUN = {"ddp_tokens": "torchrun --nproc-per-node N benchmarks/ddp_tokens.py",
+            "scaling": "torchrun --nproc-per-node N benchmarks/scaling.py image|tokens ..."}
 
 
 def scripts() -> list[str]:
-    """Benchmark names in run order."""
-    found = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_") and p.stem != "run_all")
+    """Benchmark names in run order (torchrun-only scripts left out)."""
+    found = sorted(p.stem for p in HERE.glob("*.py")
+                   if not p.stem.startswith("_") and p.stem != "run_all" and p.stem not in TORCHRUN)
     return [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
 
 
@@ -77,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             rc = proc.wait()
         summary.append((name, rc, time.perf_counter() - t0))
     print("\n######## summary")
+    for name, how in sorted(TORCHRUN.items()):
+        if (HERE / f"{name}.py").exists():
+            print(f"{name:<16} not run here: {how} (see its header)")
     for name, rc, took in summary:
         print(f"{name:<16} {'ok' if rc == 0 else f'exit {rc}':<8} {took:7.0f} s   log: {logs / (name + '.log')}")
     return 0 if all(rc == 0 for _, rc, _ in summary) else 1

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -222,6 +223,7 @@ class LocalRayCluster:
     def start(self) -> "LocalRayCluster":
         """Start every node (the others as soon as the head's GCS listens); on failure stop
         what was started and raise."""
+        atexit.register(self.stop)  # also when the program ends without calling stop()
         try:
             self.start_node(0, wait=False)
             self._wait_for_gcs()
@@ -254,9 +256,11 @@ class LocalRayCluster:
         return pid
 
     def stop(self) -> None:
-        """Stop every node this object started (workers first, then the head)."""
+        """Stop every node this object started (workers first, then the head); idempotent."""
+        atexit.unregister(self.stop)
         for node in reversed(self.nodes):
             node.stop()
+        self.nodes = []
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalRayCluster":
