@@ -2,9 +2,10 @@
 
 Each node is a real ``ray start --block`` process (its own raylet, object store and
 worker processes), so killing a node's raylet is what losing a machine looks like to
-Ray. Nodes live on loopback addresses only: the head on ``127.0.0.2``, worker ``k`` on
-``127.0.0.{k + 2}`` (Ray rewrites ``127.0.0.1`` to the host's outward address in
-multi-node mode, the rest of ``127.0.0.0/8`` it leaves alone). Authentication is off,
+Ray. Nodes talk over loopback addresses only: the head is ``127.0.0.2``, node ``k``
+``127.0.0.{k + 2}`` (in multi-node mode Ray rewrites ``127.0.0.1`` to the host's outward
+address, the rest of ``127.0.0.0/8`` it leaves alone; its GCS and raylets still listen on
+all interfaces, on random ports, for the cluster's lifetime). Authentication is off,
 usage statistics are off and no dashboard is started. Every process is started in its
 own session, so :meth:`LocalRayCluster.stop` ends exactly the processes this object
 started (by process group), never other Ray clusters of the machine (which

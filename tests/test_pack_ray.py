@@ -1,8 +1,9 @@
 """``fastfeed pack --engine ray`` on a real two-node Ray cluster of this machine.
 
-One cluster (two ``ray start`` nodes of one CPU each, on loopback, authentication and
-usage statistics off, no dashboard) serves the whole module and is stopped by its
-fixture whatever happens. Every test compares the Ray engine's output byte for byte
+One cluster (two ``ray start`` nodes of one CPU each talking over loopback addresses,
+authentication and usage statistics off, no dashboard) serves the whole module and is
+stopped by its fixture whatever happens (by process group, never ``ray stop``, which
+would also stop other Ray clusters of the machine). Every test compares the Ray engine's output byte for byte
 with the local packer's; the node-loss test kills the second node's raylet while it
 writes a shard and must still produce identical output; the S3 test packs into a
 moto server on 127.0.0.1, fails on a bad file, and resumes after the fix.
