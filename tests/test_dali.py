@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from _dist import run_ranks
 import torch
 
 import fastfeed
@@ -554,20 +556,8 @@ def test_three_gloo_ranks_take_rank_from_torch_distributed(dali: Any, packed: Pa
     # fork server imports torch and DALI once, so the ranks start fast
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "nvidia.dali", "fastfeed.decode.dali", "test_dali"])
-    outs = [tmp_path / f"rank{r}.json" for r in range(3)]
-    procs = [ctx.Process(target=_dali_rank, args=(r, 3, str(packed), str(outs[r]), str(tmp_path / "init")))
-             for r in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} hung (unequal steps?)"
-    assert [p.exitcode for p in procs] == [0, 0, 0]
-    results = [json.loads(o.read_text()) for o in outs]
+    results = run_ranks(ctx, _dali_rank, lambda r, out: (r, 3, str(packed), out, str(tmp_path / "init")),
+                        3, tmp_path)
     assert [(r["rank"], r["world"]) for r in results] == [(0, 3), (1, 3), (2, 3)]
     assert len({r["len"] for r in results}) == 1
     for e in range(2):

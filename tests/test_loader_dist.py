@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from _dist import run_ranks
 import torch
 import torch.distributed as dist
 
@@ -53,21 +55,9 @@ def run_job(tmp_path: Path, root: Path, world: int, workers: int, drop_last: boo
     # fork, as torchrun-started ranks are plain processes whose DataLoader workers fork too
     # (a spawned rank would make its workers spawn and re-import torch: slow, and unlike torchrun)
     ctx = mp.get_context("fork")
-    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
     init = tmp_path / "init"
-    procs = [ctx.Process(target=run_rank, args=(r, world, str(root), str(outs[r]), str(init), workers, drop_last))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} hung (unequal steps?)"
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return [json.loads(o.read_text()) for o in outs]
+    return run_ranks(ctx, run_rank, lambda r, out: (r, world, str(root), out, str(init), workers, drop_last),
+                     world, tmp_path, timeout=180)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

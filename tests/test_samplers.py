@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _dist import run_ranks
+
 from fastfeed.costmodel import CostModel
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler, resolve_lengths
@@ -387,20 +389,7 @@ def _gloo_rank(rank: int, world: int, init: str, out: str) -> None:
 def test_gloo_ranks_agree_and_never_overlap(tmp_path: Path) -> None:
     world = 3
     ctx = mp.get_context("spawn")
-    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [ctx.Process(target=_gloo_rank, args=(r, world, str(tmp_path / "init"), str(outs[r])))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} hung (unequal step counts?)"
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    res = [json.loads(o.read_text()) for o in outs]
+    res = run_ranks(ctx, _gloo_rank, lambda r, out: (r, world, str(tmp_path / "init"), out), world, tmp_path)
     for kind in ("bucket", "budget"):
         assert [r[kind]["rank"] for r in res] == [0, 1, 2] and {r[kind]["world"] for r in res} == {3}
         for e in range(2):

@@ -30,7 +30,7 @@ anything else (``cbor``, audio, ...)     raw ``bytes``
 Pickle (and ``torch.save`` files, which are pickles) can run arbitrary code when
 loaded, and a shard is data from wherever it was downloaded, so fastfeed never
 unpickles: those fields arrive as bytes. If you trust the shards, unpickle them
-yourself in a ``transform`` (``pickle.loads(sample["pyd"])``, or
+yourself in a ``transform`` (with the ``pickle`` module, or
 ``torch.load(io.BytesIO(sample["pth"]), weights_only=True)``).
 
 A field that does not decode raises :class:`~fastfeed.errors.SampleError` whose
