@@ -54,8 +54,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BENCH_DATA, Result, cached_fraction, cpu_count, environment, evict, log, measure_source,
-    measurement_from_json,
+    BENCH_DATA, Result, cached_fraction, cpu_count, environment, evict, files_under, log,
+    measure_source, measurement_from_json,
     pack_once, print_report, replicated_sample, synth_image_folder, warm,
 )
 from _peers import BUILDERS, Setup, samples_per_shard, write_beton  # noqa: E402
@@ -124,8 +124,6 @@ def _prepare(kind: str, args: argparse.Namespace, peers: list[str]) -> dict[str,
 
 
 def _sizes(data: dict[str, Path]) -> dict[str, int]:
-    from _common import files_under
-
     return {k: sum(p.stat().st_size for p in files_under(v)) for k, v in data.items()}
 
 

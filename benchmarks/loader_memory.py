@@ -51,10 +51,10 @@ class _Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.interval = interval
         self.peak: dict[int, dict[str, int]] = {}  # pid -> peak rss/pss/uss
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._halt.wait(self.interval):
             self.sample()
 
     def sample(self) -> None:
@@ -66,7 +66,7 @@ class _Sampler(threading.Thread):
             p["uss"] = max(p["uss"], k.uss or 0)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
