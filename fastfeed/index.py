@@ -115,6 +115,8 @@ class DatasetIndex:
     version: int = INDEX_VERSION
     fastfeed_version: str = ""
     root: str = ""
+    #: fsspec options (endpoint, credentials) for a remote ``root``; used to read the sidecars.
+    storage_options: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------ derived
@@ -192,7 +194,8 @@ class DatasetIndex:
                 if _is_url(path):
                     from fastfeed.remote import read_bytes
 
-                    arr = np.load(io.BytesIO(read_bytes(path)), allow_pickle=False)
+                    arr = np.load(io.BytesIO(read_bytes(path, storage_options=self.storage_options)),
+                                  allow_pickle=False)
                 else:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
             except FileNotFoundError:
@@ -288,15 +291,21 @@ class DatasetIndex:
         return idx
 
     @classmethod
-    def load(cls, root: str | os.PathLike[str]) -> "DatasetIndex":
-        """Load the index of the dataset at ``root`` (a folder or an fsspec URL)."""
+    def load(
+        cls, root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+    ) -> "DatasetIndex":
+        """Load the index of the dataset at ``root`` (a folder or an fsspec URL).
+
+        ``storage_options`` (endpoint, credentials) are passed to fsspec for a URL and
+        kept for reading the sidecar arrays later.
+        """
         root_s = str(root).rstrip("/") if _is_url(str(root)) else str(Path(root))
         path = join(root_s, INDEX_NAME)
         try:
             if _is_url(root_s):
                 from fastfeed.remote import read_bytes
 
-                raw = read_bytes(path)
+                raw = read_bytes(path, storage_options=storage_options)
             else:
                 raw = Path(path).read_bytes()
         except FileNotFoundError:
@@ -308,15 +317,15 @@ class DatasetIndex:
             d = json.loads(raw)
         except json.JSONDecodeError as e:
             raise IndexMismatchError(f"{path}: not valid JSON ({e}); re-run `fastfeed pack`") from None
-        return cls.from_json(d, root=root_s)
+        return replace(cls.from_json(d, root=root_s), storage_options=storage_options)
 
     @staticmethod
-    def exists(root: str | os.PathLike[str]) -> bool:
+    def exists(root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> bool:
         """True when ``root`` holds a complete dataset (its index exists)."""
         if _is_url(str(root)):
             from fastfeed.remote import exists
 
-            return exists(join(str(root), INDEX_NAME))
+            return exists(join(str(root), INDEX_NAME), storage_options=storage_options)
         return (Path(root) / INDEX_NAME).is_file()
 
 

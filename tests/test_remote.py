@@ -450,3 +450,18 @@ def test_missing_optional_dependencies_name_the_extra(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "msgpack", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'fastfeed\[wds\]'"):
         decode_field("mp", b"\x80")
+
+
+def test_index_load_with_storage_options(tmp_path: Path, s3_server: Any, s3_bucket: str) -> None:
+    """DatasetIndex.load(url, storage_options=...) reads index.json and its sidecars from S3."""
+    from _loader_data import write_dataset
+
+    from fastfeed.index import DatasetIndex
+
+    write_dataset(tmp_path / "ds", shard_counts=(5, 4))
+    url = _upload_folder(s3_server, s3_bucket, tmp_path / "ds", "idx")
+    local = DatasetIndex.load(tmp_path / "ds")
+    remote = DatasetIndex.load(url, storage_options=s3_server.storage_options)
+    assert DatasetIndex.exists(url, storage_options=s3_server.storage_options)
+    assert remote.fingerprint == local.fingerprint
+    assert (remote.offsets == local.offsets).all()
