@@ -208,6 +208,14 @@ def warm(*roots: Path) -> CacheReport:
     return CacheReport(len(files), total)
 
 
+def prepare_pack_run(src: Path, out: Path, cache: str) -> None:
+    """Before one packing run: remove the last output, flush it to disk, and put the
+    source's page cache in the asked state ("cold": evicted, else read once)."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()  # the previous run's dirty output must not be written back during this one
+    (evict if cache == "cold" else warm)(src)
+
+
 def cached_fraction(*roots: Path, max_files: int = 400) -> float | None:
     """Fraction of the bytes under ``roots`` in the page cache (util-linux ``fincore``).
 

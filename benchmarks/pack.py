@@ -45,7 +45,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BENCH_DATA, environment, evict, log, synth_image_folder, warm  # noqa: E402
+from _common import (  # noqa: E402
+    BENCH_DATA, environment, log, prepare_pack_run, synth_image_folder,
+)
 
 SHARD_BYTES = 256_000_000
 GOAL = 2.0
@@ -166,12 +168,6 @@ def core_headroom(seconds: float = 3.0) -> float:
     return got[1] / got[0]
 
 
-def _prepare(src: Path, out: Path, cache: str) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    os.sync()  # the previous run's dirty output must not be written back during this one
-    (evict if cache == "cold" else warm)(src)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=20_000, help="JPEGs to pack (default 20000)")
@@ -213,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     for cache in caches:
         for _ in range(args.repeat):
             for name in names:
-                _prepare(src, out, cache)
+                prepare_pack_run(src, out, cache)
                 run = _run_isolated(name, src, out)
                 dt, cpu, n = run["seconds"], run["cpu"], int(run["n"])
                 if n != len(items):

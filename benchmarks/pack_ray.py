@@ -54,7 +54,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BENCH_DATA, environment, evict, log, synth_image_folder, warm  # noqa: E402
+from _common import (  # noqa: E402
+    BENCH_DATA, environment, log, prepare_pack_run, synth_image_folder,
+)
 
 GOAL = 0.9
 
@@ -161,12 +163,6 @@ class CpuMeter:
         return sum(v - self.start.get(k, 0.0) for k, v in self.seen.items()) - sampler
 
 
-def _prepare(src: Path, out: Path, cache: str) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    os.sync()  # the previous run's dirty output must not be written back during this one
-    (evict if cache == "cold" else warm)(src)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=20_000, help="JPEGs to pack (default 20000)")
@@ -223,12 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         # keeps them, after one untimed warm-up run)
         for variant, fn in (("ray (connect)", ray_connect), ("ray (warm driver)", ray_warm)):
             if variant == "ray (warm driver)":
-                _prepare(src, out, args.cache)
+                prepare_pack_run(src, out, args.cache)
                 ray_warm(sizes[-1])
             for _ in range(args.repeat):
                 for size in sizes:
                     for name, run in ((f"local|{variant}", local), (variant, fn)):
-                        _prepare(src, out, args.cache)
+                        prepare_pack_run(src, out, args.cache)
                         meter = CpuMeter(cluster_roots if name.startswith("local") else set())
                         t = time.perf_counter()
                         shards[size] = run(size)

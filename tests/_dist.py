@@ -25,3 +25,20 @@ def run_ranks(ctx: Any, target: Callable[..., None], args_of: Callable[[int, str
     assert not hung, f"ranks {hung} hung (unequal step counts?)"
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     return [json.loads(o.read_text()) for o in outs]
+
+
+def epoch_keys(dl: Any, epochs: int) -> list[list[str]]:
+    """Inside a rank: the keys ``dl`` yields in each epoch, with an all_reduce per batch, which
+    hangs (and fails :func:`run_ranks`) if another rank runs out of batches first."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for epoch in range(epochs):
+        dl.set_epoch(epoch)
+        keys: list[str] = []
+        for batch in dl:
+            dist.all_reduce(torch.ones(1))
+            keys += batch["__key__"]
+        out.append(keys)
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from _dist import run_ranks
+from _dist import epoch_keys, run_ranks
 import torch
 
 import fastfeed
@@ -531,15 +531,7 @@ def _dali_rank(rank: int, world: int, root: str, out: str, init: str) -> None:
     try:
         dl = fastfeed.loader(root, batch_size=3, image_size=16, decode="dali", device_id=None, num_threads=1,
                              hw_decoder_load=0.65, prefetch_queue_depth=2, seed=5)
-        epochs = []
-        for epoch in range(2):
-            dl.set_epoch(epoch)
-            keys: list[str] = []
-            for batch in dl:
-                step = torch.ones(1)
-                dist.all_reduce(step)  # hangs if another rank ran out of batches
-                keys += batch["__key__"]
-            epochs.append(keys)
+        epochs = epoch_keys(dl, 2)
         Path(out).write_text(json.dumps({"rank": dl.rank, "world": dl.world_size, "len": len(dl),
                                          "epochs": epochs}))
     finally:

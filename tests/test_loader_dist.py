@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from _dist import run_ranks
-import torch
+from _dist import epoch_keys, run_ranks
 import torch.distributed as dist
 
 import fastfeed
@@ -36,15 +35,7 @@ def run_rank(rank: int, world: int, root: str, out: str, init: str, workers: int
     try:
         dl = fastfeed.loader(root, batch_size=3, num_workers=workers, drop_last=drop_last, seed=5,
                              decode=None)
-        epochs = []
-        for epoch in range(EPOCHS):
-            dl.set_epoch(epoch)
-            keys: list[str] = []
-            for batch in dl:
-                step = torch.ones(1)
-                dist.all_reduce(step)  # hangs if another rank ran out of batches
-                keys += batch["__key__"]
-            epochs.append(keys)
+        epochs = epoch_keys(dl, EPOCHS)
         result = {"rank": dl.rank, "world": dl.world_size, "len": len(dl), "epochs": epochs}
         Path(out).write_text(json.dumps(result))
     finally:
