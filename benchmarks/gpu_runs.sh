@@ -13,7 +13,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16="0-15"
-stage=${1:?stage: dali|scaling|tokens|tune}
+stage=${1:?stage: dali|scaling|tokens|tune|s3|loadercpu}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log" ;;
@@ -43,5 +43,22 @@ tune)
   taskset -c $CORES16 python3 benchmarks/tune.py --images ${TUNE_IMAGES:-6000} --per-trial 1.5 \
       --prefetch ${TUNE_PREFETCH:-1,2,4,8} --deadline 420 --json "$OUT/tune-h200.json" 2>&1 | tee "$OUT/tune.log"
   taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -15 | tee "$OUT/decode_per_core.log" ;;
+s3)
+  # issue 3 on 16 cores (CPU only): shards on S3 (moto on 127.0.0.1) vs one GET per image. Needs the
+  # S3 wheels (.whl-s3, cp312) sent first: carry [".whl-s3"], command: cp -r .whl-s3 /tmp/whl-s3
+  W=/tmp/whl-s3; [ -d .whl-s3 ] && W=.whl-s3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-s3 "$W"/*.whl || exit 1
+  PYTHONPATH=/tmp/site-s3:$PYTHONPATH taskset -c ${S3_CORES:-16-31} python3 benchmarks/loader_s3.py \
+      --images ${S3_IMAGES:-8000} --workers 14 --batch 128 --io-only --repeat ${S3_REPEAT:-2} \
+      --min-time 4 --max-time 15 --data /tmp/s3-bench --json "$OUT/loader_s3.json" 2>&1 | tail -40 | tee "$OUT/loader_s3.log" ;;
+loadercpu)
+  # issue 3 on 16 cores: fastfeed vs torchvision ImageFolder (PIL and torchvision.io) and webdataset,
+  # 14 workers each, generated ImageNet-like JPEGs (FFCV is not installable there; it is measured on python).
+  W=/tmp/whl-s3; [ -d .whl-s3 ] && W=.whl-s3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-wds \
+      "$W"/webdataset-*.whl "$W"/braceexpand-*.whl "$W"/pyyaml-*.whl || exit 1
+  PYTHONPATH=/tmp/site-wds:$PYTHONPATH taskset -c ${LC_CORES:-0-15} python3 benchmarks/loader_cpu.py --datasets synth \
+      --peers fastfeed,imagefolder,imagefolder-tvio,webdataset --caches warm --workers 14 --time 10 \
+      --repeat ${LC_REPEAT:-2} --json "$OUT/loader_cpu.json" 2>&1 | tail -40 | tee "$OUT/loader_cpu.log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

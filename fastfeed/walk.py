@@ -9,7 +9,8 @@ Three inputs, detected or chosen (``input=``):
   ``a/b/0001.jpg`` + ``a/b/0001.json`` = sample ``a/b/0001`` with fields ``jpg``, ``json``);
 - ``jsonl``: a manifest, one JSON object per line. A string field naming an existing file
   (relative to the manifest) is read from disk; other strings are stored as text, other
-  values as JSON. See :func:`member_name` for the member names.
+  values as JSON (:mod:`fastfeed.manifest` reads it; see
+  :func:`~fastfeed.manifest.member_name` for the member names).
 
 Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder whose files all sit
 in sub-folders and all carry image extensions is an ImageFolder; anything else is files.
@@ -29,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -55,12 +55,12 @@ from fastfeed.remote import is_url
 
 __all__ = [
     "INPUTS",
+    "MANIFEST_SUFFIXES",
     "Member",
     "Problems",
     "SampleSpec",
     "Source",
     "key_problem",
-    "member_name",
     "parse_length",
     "resolve_length_member",
     "scan",
@@ -70,14 +70,8 @@ __all__ = [
 log = logging.getLogger("fastfeed.pack")
 
 INPUTS = ("imagefolder", "files", "jsonl")
-_MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
-_PATHLIKE = re.compile(r"[^\n\r\0]{1,1024}\.[A-Za-z0-9]{1,10}")
+MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 #: JSON field names used as member names unchanged (WebDataset extensions).
-_KNOWN_FIELDS = IMAGE_EXTS | {
-    "txt", "text", "transcript", "cls", "cls2", "class", "count", "index", "inx", "id",
-    "json", "jsn", "npy", "npz", "wav", "flac", "mp3", "ogg", "mp4", "ten", "msgpack", "mpk",
-    "cbor", "bin", "seg", "jpeg", "tiff",
-}
 
 
 class Member(NamedTuple):
@@ -376,144 +370,6 @@ def _files(root: str, files: list[_File], problems: Problems) -> Source:
     return Source("files", root, samples, has_labels=has_labels)
 
 
-# ---------------------------------------------------------------- JSONL manifests
-def member_name(name: str, ext: str) -> str:
-    """Member (field) name for JSON field ``name`` holding a file of extension ``ext``
-    (``txt`` for strings, ``json`` for other values).
-
-    A name that already contains a dot or is a WebDataset extension is used as is (lower
-    case); otherwise the extension is appended.
-
-    Example:
-        >>> member_name("image", "jpg"), member_name("jpg", "jpg"), member_name("caption", "txt")
-        ('image.jpg', 'jpg', 'caption.txt')
-    """
-    name = name.lower()
-    if "." in name or name in _KNOWN_FIELDS:
-        return field_ext(name)
-    return f"{name}.{field_ext(ext)}"
-
-
-def _manifest_lines(path: Path) -> Iterable[tuple[int, int, bytes]]:
-    offset = 0
-    with _open(path) as f:
-        for n, line in enumerate(f):
-            yield n, offset, line
-            offset += len(line)
-
-
-def _jsonl(path: Path, problems: Problems) -> Source:
-    root = str(path.parent)
-    name = path.name
-    digest = hashlib.sha256()
-    records: list[tuple[int, int, int, dict[str, Any]]] = []
-    for n, offset, line in _manifest_lines(path):
-        digest.update(line)
-        text = line[3:] if n == 0 and line.startswith(b"\xef\xbb\xbf") else line
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            problems.report(BadFileError, f"{name}:{n + 1}", f"not valid JSON ({e})",
-                            "fix the line, or pass --on-error skip")
-            continue
-        if not isinstance(obj, dict):
-            problems.report(BadFileError, f"{name}:{n + 1}", "not a JSON object",
-                            "write one {...} object per line, or pass --on-error skip")
-            continue
-        records.append((n, offset, len(line), obj))
-    stats: dict[str, os.stat_result | None] = {}
-    file_fields: set[str] = set()
-    for _, _, _, obj in records:
-        for k, v in obj.items():
-            if isinstance(v, str) and _PATHLIKE.fullmatch(v):
-                if v not in stats:
-                    stats[v] = _stat_file(os.path.join(root, v))
-                if stats[v] is not None:
-                    file_fields.add(k)
-    samples: list[SampleSpec] = []
-    seen: dict[str, int] = {}
-    for n, offset, length, obj in records:
-        where = f"{name}:{n + 1}"
-        sample = _jsonl_sample(root, where, n, offset, length, obj, file_fields, stats, problems)
-        if sample is None:
-            continue
-        if sample.key in seen:
-            problems.report(DuplicateKeyError, where,
-                            f"duplicate __key__ {show(sample.key)!r} (also line {seen[sample.key]})",
-                            "make the keys unique, or pass --on-error skip", sample.key)
-            continue
-        seen[sample.key] = n + 1
-        samples.append(sample)
-    has_labels = any(s.label >= 0 for s in samples)
-    return Source("jsonl", root, samples, manifest=name, manifest_sha256=digest.hexdigest(),
-                  has_labels=has_labels)
-
-
-def _stat_file(path: str) -> os.stat_result | None:
-    if is_url(path):
-        from fastfeed.srcurl import stat as url_stat
-
-        return url_stat(path)  # type: ignore[return-value]  # has st_size and st_mtime_ns
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st if stat.S_ISREG(st.st_mode) else None
-
-
-def _jsonl_sample(root: str, where: str, n: int, offset: int, length: int, obj: dict[str, Any],
-                  file_fields: set[str], stats: dict[str, os.stat_result | None],
-                  problems: Problems) -> SampleSpec | None:
-    key = obj.get("__key__", f"{n:09d}")
-    if not isinstance(key, str) or (why := key_problem(key)) is not None:
-        why = "__key__ is not a string" if not isinstance(key, str) else why
-        problems.report(UnsafePathError, where, f"unusable __key__ {show(str(key))!r}: {why}",
-                        "fix __key__ in the manifest, or pass --on-error skip")
-        return None
-    members: dict[str, Member] = {}
-    for k in sorted(obj):
-        v = obj[k]
-        if k == "__key__" or v is None:
-            continue
-        if not k or any(c in k for c in "/\n\r\0"):
-            problems.report(UnsafePathError, where, f"field name {show(k)!r} cannot be a member name",
-                            "rename the field (no '/', newline or NUL), or pass --on-error skip", key)
-            return None
-        if k in file_fields:
-            if not isinstance(v, str) or stats.get(v) is None:
-                problems.report(BadFileError, where, f"field {k!r} names {show(str(v))!r}, which is not a file",
-                                "fix the path (relative to the manifest), or pass --on-error skip", key)
-                return None
-            st = stats[v]
-            if st.st_size == 0 or not _readable(os.path.join(root, v)):
-                what = "a zero-byte file" if st.st_size == 0 else "an unreadable file"
-                problems.report(BadFileError, where, f"field {k!r} names {what} ({show(v)})",
-                                "fix or remove the file, or pass --on-error skip", key)
-                return None
-            m = Member(member_name(k, v.rpartition(".")[2]), v, st.st_size, st.st_mtime_ns)
-        else:
-            m = Member(member_name(k, "txt" if isinstance(v, str) else "json"), None, 0, 0, json_key=k)
-        if m.field in members:
-            problems.report(DuplicateKeyError, where, f"fields {members[m.field].json_key or members[m.field].path!r} "
-                            f"and {k!r} both map to member {m.field!r}",
-                            "rename one of the fields, or pass --on-error skip", key)
-            return None
-        members[m.field] = m
-    if not members:
-        problems.report(SourceError, where, "the record has no fields to store",
-                        "remove the line, or pass --on-error skip", key)
-        return None
-    label = -1
-    for k in ("cls", "label"):
-        v = obj.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            label = v
-            break
-    return SampleSpec(key, tuple(members[f] for f in sorted(members)), label, (offset, length))
-
-
 # ---------------------------------------------------------------- lengths
 def parse_length(spec: str) -> tuple[str, str | None]:
     """``--length FIELD`` or ``FIELD:KEY`` (a key inside a JSON member) -> (field, key).
@@ -616,11 +472,13 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
     if path.is_file():
         if kind not in (None, "jsonl"):
             raise ConfigError(f"{show(str(path))}: is a file, but --input {kind} needs a folder")
-        if kind is None and path.suffix.lower() not in _MANIFEST_SUFFIXES:
+        if kind is None and path.suffix.lower() not in MANIFEST_SUFFIXES:
             raise ConfigError(f"{show(str(path))}: is a file; pass a folder, or a JSONL manifest "
                               "(name it .jsonl or pass --input jsonl)")
         problems.src = str(path.parent)
-        source = _jsonl(path, problems)
+        from fastfeed.manifest import read_manifest  # imports this module's types
+
+        source = read_manifest(path, problems)
     elif kind == "jsonl":
         raise ConfigError(f"{show(str(path))}: is a folder, but --input jsonl needs a manifest file")
     else:
