@@ -5,6 +5,9 @@ sequence lengths follow lognormal(5, 1) clamped to [16, 1024], over torchrun ran
 Each configuration runs ``--steps`` measured steps after a warm-up, at the same average
 real tokens per step:
 
+  equal-work      control: every rank trains the *same* batch each step (rank 0's batch of
+                  ff-tokens, so shapes still vary step to step): the wait it shows is the
+                  floor of the measurement, not imbalance (expected ~0)
 padded inputs ([n, longest] batches, torch SDPA attention, no key mask: a throughput
 benchmark, masking does not change the padded FLOPs):
   ds-fixed        torch DistributedSampler + BatchSampler(B0), B0 = same mean tokens
@@ -13,20 +16,45 @@ benchmark, masking does not change the padded FLOPs):
   ff-attention    DistributedTokenBudgetSampler(cost="attention", d_model=width)
   ff-fitted       DistributedTokenBudgetSampler(cost=calibrate(step, features="padded"))
 packed / varlen inputs (all sequences of a batch concatenated; attention per sequence
-through a jagged nested tensor + SDPA, i.e. cu_seqlens without flash-attn; where this
-torch/GPU cannot run that forward + backward, one SDPA per group of equal-length
-sequences, said on stdout and in the JSON):
+through a jagged nested tensor + SDPA, i.e. cu_seqlens without flash-attn, given its
+min/max sequence length so no layer syncs the host; where this torch/GPU cannot run that
+forward + backward, one SDPA per group of equal-length sequences, said on stdout and in
+the JSON):
   ds-fixed-varlen, ff-varlen (cost="varlen"), ff-fitted-varlen (calibrated, "varlen")
 
-The gradient all-reduce is done by hand after backward (DDP semantics without
-compute/communication overlap) so the wait is measurable: per step and rank, CUDA
-events (perf_counter on CPU) mark compute done, then a 1-element all_reduce (a
-barrier) completes when the slowest rank arrives: that gap is the wait. Wait share =
-sum of waits / sum of step times. Real tokens/s counts only non-padding tokens of all
-ranks over rank 0's wall time.
+Attention backend (``--sdpa``): torch >= 2.9 prefers cuDNN attention on H100/H200. cuDNN
+builds an execution plan for every new (batch, length) shape, tens of ms of host time,
+cached per shape: with length-aware batches nearly every step is a new shape, so every
+step paid it, on whichever rank drew the new shape. The default ``flash`` turns cuDNN
+attention off (torch's flash kernel, no per-shape setup); ``default`` keeps torch's choice.
+At start-up the first-call vs cached time of both backends on fresh shapes is printed, and
+the config ``ff-tokens@default`` (in the default list, ``--control-steps`` steps) runs
+ff-tokens again with torch's own choice: the same batches, only the backend differs.
 
-GPU (the lead runs it):
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py
+The step runs without host synchronisation (lengths go to the GPU through pinned memory,
+non-blocking), so the CPU queues work ahead and the GPU timeline is the step. The gradient
+all-reduce is done by hand after backward (DDP semantics without compute/communication
+overlap) so the wait is measurable. Per step and rank, CUDA events (perf_counter on CPU)
+mark: start, compute done (forward + backward), a 1-element all_reduce done (a barrier: it
+completes when the slowest rank arrives), gradient all-reduce + optimizer done.
+
+- wait share  = time blocked in that barrier / cycle time (start of a step to the start of
+  the next, so host gaps count too): what the slowest rank costs this one.
+- imbalance   = slowest rank's compute - this rank's compute, per step (all-gathered), over
+  the same cycle time: the part of the wait the work itself explains. The two agree
+  when the ranks start their steps together; the equal-work control shows both floors.
+- model error (fitted configs) = |predicted step cost - measured (cycle - wait)| per step
+  and rank: how well the calibrated model predicts training steps, not only its own shapes;
+  planned wait = the wait the plan leaves if the model were exact (the sampler's share).
+
+Batches of more than ``--max-micro-tokens`` padded tokens (the 1-GPU run of the scaling
+study, at twice the per-rank batch) run as row chunks padded to the batch's longest, with
+gradient accumulation: the same work, within memory.
+
+Real tokens/s counts only non-padding tokens of all ranks over rank 0's wall time.
+
+GPU (the lead runs it, as the ``tokens`` stage of benchmarks/gpu_runs.sh):
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py --steps 150
 CPU check (gloo, tiny model):
     .venv/bin/torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py --device cpu --tiny
 """
@@ -57,8 +85,12 @@ from fastfeed.costmodel import CostModel  # noqa: E402
 #: varlen attention: jagged nested tensors, or (if this torch/GPU lacks them) per-length groups
 VARLEN: dict[str, Any] = {"impl": "nested", "groups": None}
 
+CONTROL = ["equal-work"]
 PADDED = ["ds-fixed", "ff-bucket", "ff-tokens", "ff-attention", "ff-fitted"]
 VARLEN_CONFIGS = ["ds-fixed-varlen", "ff-varlen", "ff-fitted-varlen"]
+
+#: (offsets on the device, shortest, longest) of a packed batch
+Packed = tuple[torch.Tensor, int, int]
 
 
 # ----------------------------------------------------------------------------- model
@@ -70,16 +102,19 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
-    def attend(self, h: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, h: torch.Tensor, packed: Packed | None) -> torch.Tensor:
         H = self.heads
-        if offsets is None:  # padded [n, L, 3d]
+        if packed is None:  # padded [n, L, 3d]
             n, L, _ = h.shape
             q, k, v = h.view(n, L, 3, H, -1).permute(2, 0, 3, 1, 4)
             return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, L, -1)
+        offsets, lo, hi = packed
         T = h.shape[0]
         parts = [p.contiguous() for p in h.view(T, 3, H, -1).unbind(1)]  # q, k, v: [T, H, D]
         if VARLEN["groups"] is None:  # packed [T, 3d] + cu_seqlens: jagged nested tensors
-            q, k, v = (torch.nested.nested_tensor_from_jagged(p, offsets).transpose(1, 2) for p in parts)
+            # min/max given: otherwise each layer's SDPA computes them with a host sync
+            q, k, v = (torch.nested.nested_tensor_from_jagged(p, offsets, min_seqlen=lo, max_seqlen=hi)
+                       .transpose(1, 2) for p in parts)
             o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
             return o.values().reshape(T, -1)
         out = torch.empty_like(parts[0])  # fallback: one SDPA per group of equal-length sequences
@@ -88,8 +123,8 @@ class Block(nn.Module):
             out[idx] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, H, out.shape[-1])
         return out.reshape(T, -1)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.proj(self.attend(self.qkv(self.ln1(x)), offsets))
+    def forward(self, x: torch.Tensor, packed: Packed | None) -> torch.Tensor:
+        x = x + self.proj(self.attend(self.qkv(self.ln1(x)), packed))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
@@ -101,14 +136,29 @@ class Encoder(nn.Module):
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, packed: Packed | None) -> torch.Tensor:
         x = self.emb(tokens)
         for b in self.blocks:
-            x = b(x, offsets)
+            x = b(x, packed)
         return self.head(self.ln(x))
 
 
 # ----------------------------------------------------------------------------- training step
+def micro_batches(lengths: np.ndarray, varlen: bool, max_tokens: int) -> list[slice]:
+    """Even row chunks of at most ``max_tokens`` tokens each (padded to the batch's longest, or packed)."""
+    n = len(lengths)
+    total = int(lengths.sum()) if varlen else n * int(lengths.max())
+    chunks = max(1, -(-total // max_tokens))
+    if chunks == 1:
+        return [slice(0, n)]
+    if not varlen:
+        rows = -(-n // chunks)
+        return [slice(i, i + rows) for i in range(0, n, rows)]
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(1, chunks) * total / chunks)  # ~equal tokens
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]]))
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class Trainer:
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
         self.args, self.device = args, device
@@ -122,6 +172,7 @@ class Trainer:
         self.records: list[tuple[Any, ...]] = []
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(1234 + dist.get_rank())
+        self.barrier_token = torch.zeros(1, device=device)
 
     def _now(self) -> Any:
         if self.cuda:
@@ -130,26 +181,35 @@ class Trainer:
             return ev
         return time.perf_counter()
 
-    def step(self, lengths: np.ndarray, varlen: bool, record: bool = True) -> None:
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+        if self.cuda:  # pinned + non_blocking: no host sync, the CPU keeps queueing ahead
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _loss(self, ls: np.ndarray, L: int, varlen: bool, real: int) -> torch.Tensor:
         a, dev = self.args, self.device
-        n, L = len(lengths), int(lengths.max())
-        t0 = self._now()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.cuda):
             if varlen:
-                total = int(lengths.sum())
-                tokens = torch.randint(0, a.vocab, (total,), device=dev, generator=self.gen)
-                offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)])).to(dev)
-                VARLEN["groups"] = None if VARLEN["impl"] == "nested" else length_groups(lengths, dev)
-                logits = self.model(tokens, offsets)
-                loss = F.cross_entropy(logits.float(), tokens)
-            else:
-                tokens = torch.randint(0, a.vocab, (n, L), device=dev, generator=self.gen)
-                keep = torch.arange(L, device=dev)[None, :] < torch.from_numpy(lengths).to(dev)[:, None]
-                logits = self.model(tokens, None)
-                loss = F.cross_entropy(logits.float().view(n * L, -1), tokens.masked_fill(~keep, -100).view(-1))
-        loss.backward()
+                tokens = torch.randint(0, a.vocab, (int(ls.sum()),), device=dev, generator=self.gen)
+                offsets = self._to_device(np.concatenate([[0], np.cumsum(ls)]))
+                VARLEN["groups"] = None if VARLEN["impl"] == "nested" else length_groups(ls, dev)
+                logits = self.model(tokens, (offsets, int(ls.min()), int(ls.max())))
+                return F.cross_entropy(logits.float(), tokens, reduction="sum") / real
+            tokens = torch.randint(0, a.vocab, (len(ls), L), device=dev, generator=self.gen)
+            keep = torch.arange(L, device=dev)[None, :] < self._to_device(ls)[:, None]
+            logits = self.model(tokens, None)
+            target = tokens.masked_fill(~keep, -100).view(-1)
+            return F.cross_entropy(logits.float().view(-1, a.vocab), target, reduction="sum") / real
+
+    def step(self, lengths: np.ndarray, varlen: bool, record: bool = True) -> None:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        n, L, real = len(lengths), int(lengths.max()), int(lengths.sum())
+        t0 = self._now()
+        for part in micro_batches(lengths, varlen, self.args.max_micro_tokens):
+            self._loss(lengths[part], L, varlen, real).backward()  # every chunk padded to the batch's L
         t1 = self._now()
-        dist.all_reduce(torch.ones(1, device=dev))  # returns when the slowest rank has arrived
+        dist.all_reduce(self.barrier_token)  # returns when the slowest rank has arrived
         t2 = self._now()
         grads = [p.grad for p in self.params]
         flat = torch._utils._flatten_dense_tensors(grads)
@@ -161,19 +221,24 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         t3 = self._now()
         if record:
-            self.records.append((t0, t1, t2, t3, int(lengths.sum()), n * L))
+            self.records.append((t0, t1, t2, t3, n, L, real, int((lengths * lengths).sum())))
 
-    def summary(self) -> dict[str, float]:
+    def timings(self) -> dict[str, Any]:
+        """Per measured step (seconds): compute, barrier wait, comm + optimizer, cycle; and the batch features."""
+        recs = self.records
         if self.cuda:
             torch.cuda.synchronize()
-            ms = [(a.elapsed_time(b), b.elapsed_time(c), a.elapsed_time(d)) for a, b, c, d, *_ in self.records]
-            comp, wait, step = (np.array(x) / 1000 for x in zip(*ms))
+
+            def el(a: Any, b: Any) -> float:
+                return a.elapsed_time(b) / 1000.0
         else:
-            comp, wait, step = (np.array(x) for x in zip(*[(b - a, c - b, d - a) for a, b, c, d, *_ in self.records]))
-        real = sum(r[4] for r in self.records)
-        padded = sum(r[5] for r in self.records)
-        return {"wait_share": float(wait.sum() / step.sum()), "step_s": float(step.mean()),
-                "compute_s": float(comp.mean()), "real_tokens": real, "padded_tokens": padded}
+            def el(a: Any, b: Any) -> float:
+                return b - a
+        cycle = [el(recs[k][0], recs[k + 1][0]) for k in range(len(recs) - 1)] + [el(recs[-1][0], recs[-1][3])]
+        return {"compute": [el(r[0], r[1]) for r in recs], "wait": [el(r[1], r[2]) for r in recs],
+                "comm": [el(r[2], r[3]) for r in recs], "cycle": cycle,
+                "n": [r[4] for r in recs], "max": [r[5] for r in recs], "sum": [r[6] for r in recs],
+                "sumsq": [r[7] for r in recs]}
 
 
 def length_groups(lengths: np.ndarray, dev: torch.device) -> list[tuple[int, torch.Tensor]]:
@@ -197,6 +262,75 @@ def probe_varlen(trainer: "Trainer") -> None:
                   "using one SDPA per group of equal-length sequences", flush=True)
 
 
+# ----------------------------------------------------------------------------- attention backend
+def sdpa_backend_name(args: argparse.Namespace, device: torch.device) -> str:
+    """The backend torch's SDPA dispatch picks for this model's padded attention."""
+    from torch.nn.attention import SDPBackend
+
+    names = {v.value: k.lower() for k, v in SDPBackend.__members__.items()}
+    h = torch.zeros(2, 100, 3, args.heads, args.width // args.heads, device=device,
+                    dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    q, k, v = h.permute(2, 0, 3, 1, 4)
+    try:
+        return names.get(int(torch._fused_sdp_choice(q, k, v)), "unknown")
+    except (RuntimeError, AttributeError, TypeError) as e:
+        return f"unknown ({type(e).__name__})"
+
+
+def sdpa_setup_probe(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """SDPA forward + backward on fresh shapes (this model's layouts): first call vs cached call.
+
+    Per backend (cuDNN, flash) and layout (padded [n, L]; packed = jagged nested tensor with
+    its min/max length given), the median over four new shapes, in ms. A first call much
+    slower than the cached one is a per-shape setup (a plan build) that length-aware
+    batching would pay on nearly every step.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, D = args.heads, args.width // args.heads
+
+    def padded(n: int, L: int) -> Callable[[], None]:
+        h = torch.randn(n, L, 3, H, D, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+        def run() -> None:
+            q, k, v = h.permute(2, 0, 3, 1, 4)
+            F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+        return run
+
+    def packed(n: int, L: int) -> Callable[[], None]:
+        ls = np.array([L - 7 * i for i in range(n)])
+        off = torch.from_numpy(np.concatenate([[0], np.cumsum(ls)])).to(device)
+        h = torch.randn(int(ls.sum()), 3, H, D, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+        def run() -> None:
+            q, k, v = (torch.nested.nested_tensor_from_jagged(p.contiguous(), off, min_seqlen=int(ls.min()),
+                                                             max_seqlen=int(ls.max())).transpose(1, 2)
+                       for p in h.unbind(1))
+            F.scaled_dot_product_attention(q, k, v).values().float().sum().backward()
+        return run
+
+    out: dict[str, Any] = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        for layout, make in (("padded", padded), ("packed", packed)):
+            first, again = [], []
+            try:
+                with sdpa_kernel([backend]):
+                    for n, L in ((3, 301), (5, 517), (2, 777), (7, 203)):
+                        run = make(n, L)
+                        for times in (first, again):
+                            torch.cuda.synchronize()
+                            t = time.perf_counter()
+                            run()
+                            torch.cuda.synchronize()
+                            times.append(time.perf_counter() - t)
+            except (RuntimeError, NotImplementedError) as e:
+                out[f"{name}-{layout}"] = {"error": str(e).splitlines()[0][:160]}
+                continue
+            out[f"{name}-{layout}"] = {"first_ms": round(1000 * float(np.median(first)), 3),
+                                       "cached_ms": round(1000 * float(np.median(again)), 3)}
+    return out
+
+
 # ----------------------------------------------------------------------------- samplers
 def budget_for_tokens(make: Callable[[float], Any], target: float, lo: float, hi: float) -> Any:
     """Bisect max_cost so the plan's mean real tokens per batch is ``target`` (+-2%)."""
@@ -212,7 +346,7 @@ def budget_for_tokens(make: Callable[[float], Any], target: float, lo: float, hi
 
 
 def build_sampler(name: str, lengths: np.ndarray, args: argparse.Namespace, trainer: Trainer,
-                  target: float, B0: int) -> tuple[Any, dict[str, Any]]:
+                  target: float, B0: int) -> tuple[Any, dict[str, Any], CostModel | None]:
     W, rank = dist.get_world_size(), dist.get_rank()
     common = dict(num_replicas=W, rank=rank, seed=0)
     info: dict[str, Any] = {}
@@ -227,13 +361,15 @@ def build_sampler(name: str, lengths: np.ndarray, args: argparse.Namespace, trai
 
             def set_epoch(self, e: int) -> None:
                 ds.set_epoch(e)
-        return Fixed(), {"batch_size": B0}
+        return Fixed(), {"batch_size": B0}, None
     if name == "ff-bucket":
-        return fastfeed.DistributedLengthBucketSampler(lengths, batch_size=B0, **common), {"batch_size": B0}
-    if name == "ff-tokens":
+        return fastfeed.DistributedLengthBucketSampler(lengths, batch_size=B0, **common), {"batch_size": B0}, None
+    if name in ("ff-tokens", "equal-work"):
+        if name == "equal-work":
+            common["rank"] = 0  # every rank draws rank 0's batches: equal work, varying shapes
         s = budget_for_tokens(lambda c: fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=c, **common),
                               target, args.budget / 4, args.budget * 4)
-        return s, {"max_cost": s.max_cost}
+        return s, {"max_cost": s.max_cost}, None
     costs: dict[str, Any] = {"ff-attention": CostModel.attention(d_model=args.width),
                              "ff-varlen": CostModel.varlen(d_model=args.width)}
     if name in costs:
@@ -241,57 +377,134 @@ def build_sampler(name: str, lengths: np.ndarray, args: argparse.Namespace, trai
         longest = cost.predict([int(lengths.max())])
         s = budget_for_tokens(lambda c: fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=c, cost=cost, **common),
                               target, max(longest, args.budget / 4), args.budget * 16)
-        return s, {"max_cost": s.max_cost}
+        return s, {"max_cost": s.max_cost}, None
     varlen = name.endswith("varlen")
     t0 = time.perf_counter()
-    model = fastfeed.calibrate(lambda lens: trainer.step(lens, varlen, record=False), lengths,
-                               max_tokens=2 * args.budget, features="varlen" if varlen else "padded",
-                               num_shapes=args.shapes, repeats=args.repeats, time_budget=args.calib_budget,
-                               meta={"config": name})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = fastfeed.calibrate(lambda lens: trainer.step(lens, varlen, record=False), lengths,
+                                   max_tokens=2 * args.budget, features="varlen" if varlen else "padded",
+                                   num_shapes=args.shapes, repeats=args.repeats, time_budget=args.calib_budget,
+                                   min_fraction=args.min_fraction, meta={"config": name})
+    if rank == 0:
+        for w in caught:
+            print(f"  {name}: {w.category.__name__}: {w.message}", flush=True)
     info.update(calibration_s=time.perf_counter() - t0, fit_median_ape=model.fit.median_ape,
                 fit_worst_ape=model.fit.worst_ape, fit_loo_median_ape=model.fit.loo_median_ape,
-                model=model.summary())
+                fit_r2=model.fit.r2, fit_outliers=len(model.fit.outliers),
+                calib_shapes=model.meta.get("shapes"),
+                calib_first_call_extra_ms=1000 * model.meta.get("first_call_extra_s", float("nan")),
+                model=model.summary(), coefficients=model.describe())
     longest = model.predict([int(lengths.max())])
     s = budget_for_tokens(lambda c: fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=c, cost=model, **common),
                           target, longest, longest * 1000)
     info["max_cost_s"] = s.max_cost
-    return s, info
+    planned = model.cost_from_features(*s.epoch_plan(0).features())  # (steps, ranks), predicted seconds
+    info["planned_wait_share"] = float((planned.max(axis=1, keepdims=True) - planned).sum() / planned.max(axis=1).sum() / W)
+    return s, info, model
+
+
+def _barrier(trainer: Trainer) -> None:
+    if trainer.cuda:
+        dist.barrier(device_ids=[trainer.device.index])
+    else:
+        dist.barrier()
+
+
+def _memory_counters() -> dict[str, float]:
+    st = torch.cuda.memory_stats()
+    return {"alloc_retries": st.get("num_alloc_retries", 0), "device_allocs": st.get("num_device_alloc", 0)}
 
 
 def run_config(name: str, lengths: np.ndarray, args: argparse.Namespace, trainer: Trainer,
                target: float, B0: int) -> dict[str, Any]:
-    sampler, info = build_sampler(name, lengths, args, trainer, target, B0)
+    """Train one configuration; ``NAME@default`` runs NAME with torch's default SDPA backend choice."""
+    base, _, variant = name.partition("@")
+    if variant not in ("", "default"):
+        raise SystemExit(f"config {name!r}: the only variant is @default (torch's own SDPA backend choice)")
+    cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
+    if variant:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        row = _run_config(base, lengths, args, trainer, target, B0, short=bool(variant) or base in CONTROL)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_was)
+    row["config"] = name
+    return row
+
+
+def _run_config(name: str, lengths: np.ndarray, args: argparse.Namespace, trainer: Trainer,
+                target: float, B0: int, short: bool) -> dict[str, Any]:
+    sampler, info, model = build_sampler(name, lengths, args, trainer, target, B0)
+    info["sdpa_padded_backend"] = sdpa_backend_name(args, trainer.device)
     varlen = name.endswith("varlen")
+    steps = min(args.steps, args.control_steps) if short else args.steps
     trainer.records = []
     done, epoch = 0, 0
-    wall = 0.0
-    while done < args.warmup + args.steps:
+    start = time.perf_counter()
+    mem0: dict[str, float] = {}
+    while done < args.warmup + steps:
         sampler.set_epoch(epoch)
         for batch in sampler:
             if done == args.warmup:
                 if trainer.cuda:
                     torch.cuda.synchronize()
-                dist.barrier()
+                    torch.cuda.reset_peak_memory_stats()
+                    mem0 = _memory_counters()
+                _barrier(trainer)
                 trainer.records = []
                 start = time.perf_counter()
             trainer.step(lengths[np.asarray(batch)], varlen)
             done += 1
-            if done == args.warmup + args.steps:
+            if done == args.warmup + steps:
                 break
         epoch += 1
     if trainer.cuda:
         torch.cuda.synchronize()
-    dist.barrier()
+    _barrier(trainer)
     wall = time.perf_counter() - start
-    mine = trainer.summary()
+    mine = trainer.timings()
+    if trainer.cuda:
+        mem1 = _memory_counters()
+        mine.update({k: mem1[k] - mem0.get(k, 0) for k in mem1}, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    real = sum(m["real_tokens"] for m in everyone)
-    padded = sum(m["padded_tokens"] for m in everyone)
-    waits = [m["wait_share"] for m in everyone]
-    return {"config": name, "tokens_per_s": real / wall, "step_ms": 1000 * wall / args.steps,
-            "wait_share_mean": float(np.mean(waits)), "wait_share_max": float(np.max(waits)),
-            "padding_efficiency": real / padded, "real_tokens_per_step": real / args.steps, **info}
+    return summarise(name, everyone, wall, steps, model, info)
+
+
+def summarise(name: str, everyone: list[dict[str, Any]], wall: float, steps: int,
+              model: CostModel | None, info: dict[str, Any]) -> dict[str, Any]:
+    """One row: throughput, wait and imbalance shares per rank, step split, model error."""
+    get = {k: np.array([e[k] for e in everyone], dtype=np.float64)
+           for k in ("compute", "wait", "comm", "cycle", "n", "max", "sum", "sumsq")}  # (W, steps) each
+    cycle = get["cycle"].sum(axis=1)
+    wait = get["wait"].sum(axis=1) / cycle
+    imbalance = (get["compute"].max(axis=0) - get["compute"]).sum(axis=1) / cycle
+    real = float(get["sum"].sum())
+    padded = float((get["n"] * get["max"]).sum())
+    row: dict[str, Any] = {
+        "config": name, "tokens_per_s": real / wall, "step_ms": 1000 * wall / steps, "steps": steps,
+        "wait_share_mean": float(wait.mean()), "wait_share_max": float(wait.max()),
+        "wait_share_per_rank": wait.tolist(),
+        "imbalance_share_mean": float(imbalance.mean()), "imbalance_share_max": float(imbalance.max()),
+        "compute_ms": 1000 * float(get["compute"].mean()), "comm_ms": 1000 * float(get["comm"].mean()),
+        "cycle_ms": 1000 * float(get["cycle"].mean()),
+        "padding_efficiency": real / padded, "real_tokens_per_step": real / steps, **info}
+    if "peak_gib" in everyone[0]:
+        row.update(peak_gib=max(e["peak_gib"] for e in everyone),
+                   alloc_retries=int(sum(e["alloc_retries"] for e in everyone)),
+                   device_allocs=int(sum(e["device_allocs"] for e in everyone)))
+    if model is not None:
+        pred = model.cost_from_features(get["n"], get["max"], get["sum"], get["sumsq"])
+        work = get["cycle"] - get["wait"]
+        ape = np.abs(pred - work) / work
+        row.update(train_model_median_ape=float(np.median(ape)), train_model_p90_ape=float(np.quantile(ape, 0.9)),
+                   train_model_bias=float(np.median(pred / work) - 1))
+    return row
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,12 +513,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="2 layers, width 64: a quick end-to-end check")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--control-steps", type=int, default=60,
+                    help="measured steps of the equal-work control and of @default runs")
     ap.add_argument("--budget", type=int, default=16384, help="padded tokens per batch of ff-tokens")
     ap.add_argument("--samples", type=int, default=200_000)
-    ap.add_argument("--configs", default=",".join(PADDED + VARLEN_CONFIGS))
-    ap.add_argument("--shapes", type=int, default=24, help="calibration shapes")
-    ap.add_argument("--repeats", type=int, default=3, help="timings per calibration shape")
-    ap.add_argument("--calib-budget", type=float, default=60.0, help="seconds per calibration")
+    ap.add_argument("--configs", default=",".join(CONTROL + PADDED + VARLEN_CONFIGS + ["ff-tokens@default"]),
+                    help="comma-separated; NAME@default: NAME with torch's default SDPA backend (an A/B of --sdpa)")
+    ap.add_argument("--sdpa", default="flash", choices=["flash", "default"],
+                    help="flash: cuDNN attention off (no per-shape plan builds); default: torch's choice")
+    ap.add_argument("--max-micro-tokens", type=int, default=98304,
+                    help="larger batches run as gradient-accumulated row chunks (memory)")
+    ap.add_argument("--shapes", type=int, default=32, help="calibration shapes")
+    ap.add_argument("--repeats", type=int, default=4, help="timings per calibration shape (the first is cold)")
+    ap.add_argument("--min-fraction", type=float, default=0.25,
+                    help="smallest calibration batch, as a share of its largest (2 x --budget)")
+    ap.add_argument("--calib-budget", type=float, default=30.0, help="seconds per calibration")
     ap.add_argument("--json", default=None, help="also write the results here (rank 0)")
     args = ap.parse_args(argv)
     args.vocab, args.width, args.layers, args.heads = (1000, 64, 2, 4) if args.tiny else (32000, 1024, 12, 16)
@@ -315,39 +537,66 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.nested").setLevel(logging.ERROR)  # per-step kernel-choice notes on CPU
     cuda = args.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")
-    rank = dist.get_rank()
+    rank, W = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    env: dict[str, Any] = {"torch": torch.__version__}
     if cuda:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
+        env.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                   sdpa_setup_probe=sdpa_setup_probe(args, device))
+        if args.sdpa == "flash":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+    env.update(sdpa=args.sdpa, sdpa_padded_backend=sdpa_backend_name(args, device))
     lengths = np.clip(np.random.default_rng(0).lognormal(5, 1, args.samples), 16, 1024).astype(np.int64)
-    probe = fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=args.budget, num_replicas=dist.get_world_size(), rank=0)
+    probe = fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=args.budget, num_replicas=W, rank=0)
     n, _, s1, _ = probe.epoch_plan(0).features()
     target = float(s1.sum() / n.size)  # mean real tokens per batch of ff-tokens at --budget
     B0 = max(1, round(target / float(lengths.mean())))
     trainer = Trainer(args, device)
-    if any(c.endswith("varlen") for c in args.configs.split(",")):
+    configs = args.configs.split(",")
+    if any(c.partition("@")[0].endswith("varlen") for c in configs):
         probe_varlen(trainer)
     rows = []
     if rank == 0:
-        print(f"world {dist.get_world_size()} x {args.device}, model {args.layers}x{args.width}, "
-              f"{args.samples:,} lengths lognormal(5,1)[16,1024], ~{target:.0f} real tokens/batch (B0={B0})", flush=True)
-        print(f"{'config':<18}{'tokens/s':>12}{'step ms':>9}{'wait mean':>10}{'wait max':>9}{'padding':>9}{'fit err':>9}", flush=True)
-    for name in args.configs.split(","):
+        print(f"world {W} x {args.device}, model {args.layers}x{args.width}, "
+              f"{args.samples:,} lengths lognormal(5,1)[16,1024], ~{target:.0f} real tokens/batch (B0={B0}), "
+              f"{args.steps} steps", flush=True)
+        print("env " + json.dumps({k: v for k, v in env.items() if k != "sdpa_setup_probe"}), flush=True)
+        if "sdpa_setup_probe" in env:
+            print("SDPA fwd+bwd on new shapes, first call / cached (ms): " + ", ".join(
+                f"{k} {v['first_ms']:.1f} / {v['cached_ms']:.1f}" if "first_ms" in v else f"{k} n/a ({v['error']})"
+                for k, v in env["sdpa_setup_probe"].items()), flush=True)
+        print(f"{'config':<18}{'tokens/s':>11}{'step ms':>9}{'wait mean':>10}{'wait max':>9}{'imbal.':>8}"
+              f"{'comp ms':>9}{'comm ms':>9}{'padding':>8}{'fit err':>8}{'train err':>10}", flush=True)
+    for name in configs:
         r = run_config(name, lengths, args, trainer, target, B0)
         rows.append(r)
         if rank == 0:
-            fit = f"{r['fit_median_ape']:.1%}" if "fit_median_ape" in r else "-"
-            print(f"{name:<18}{r['tokens_per_s']:>12,.0f}{r['step_ms']:>9.1f}{r['wait_share_mean']:>10.1%}"
-                  f"{r['wait_share_max']:>9.1%}{r['padding_efficiency']:>9.3f}{fit:>9}", flush=True)
+            print(f"{name:<18}{r['tokens_per_s']:>11,.0f}{r['step_ms']:>9.1f}{r['wait_share_mean']:>10.1%}"
+                  f"{r['wait_share_max']:>9.1%}{r['imbalance_share_mean']:>8.1%}{r['compute_ms']:>9.1f}"
+                  f"{r['comm_ms']:>9.1f}{r['padding_efficiency']:>8.3f}{_pct(r.get('fit_median_ape')):>8}"
+                  f"{_pct(r.get('train_model_median_ape')):>10}", flush=True)
     if rank == 0:
         base = {r["config"]: r["tokens_per_s"] for r in rows}
+        print("per config: wait share per rank | peak GiB | allocator retries | padded SDPA backend | speed-up"
+              " | calibration", flush=True)
         for r in rows:
-            ref = base.get("ds-fixed-varlen" if r["config"].endswith("varlen") else "ds-fixed")
+            ref = base.get("ds-fixed-varlen" if r["config"].partition("@")[0].endswith("varlen") else "ds-fixed")
             r["speedup_vs_ds_fixed"] = r["tokens_per_s"] / ref if ref else None
+            extra = ""
+            if "model" in r:
+                extra = (f" | {r['model'].splitlines()[0]}; first call of a shape {r['calib_first_call_extra_ms']:+.1f} ms;"
+                         f" planned wait {_pct(r['planned_wait_share'])};"
+                         f" model vs training steps: median {_pct(r['train_model_median_ape'])},"
+                         f" p90 {_pct(r['train_model_p90_ape'])}, bias {r['train_model_bias']:+.1%}")
+            speed = f" | {r['speedup_vs_ds_fixed']:.2f}x ds-fixed" if r["speedup_vs_ds_fixed"] else ""
+            print(f"  {r['config']:<18}{' '.join(_pct(w) for w in r['wait_share_per_rank'])} | "
+                  f"{r.get('peak_gib', float('nan')):.1f} | {r.get('alloc_retries', '-')} | "
+                  f"{r['sdpa_padded_backend']}{speed}{extra}", flush=True)
         out = {"ddp_tokens": {"device": torch.cuda.get_device_name() if cuda else "cpu",
-                              "varlen_attention": VARLEN["impl"],
-                              "world_size": dist.get_world_size(), "args": vars(args), "rows": rows}}
+                              "varlen_attention": VARLEN["impl"], "env": env,
+                              "world_size": W, "args": vars(args), "rows": rows}}
         print(json.dumps(out))
         if args.json:
             with open(args.json, "w") as f:

@@ -7,6 +7,7 @@ Run once per GPU count on one host, each rank a process:
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node N benchmarks/scaling.py tokens \
         --global-budget 32768 --json out_N.json
     python benchmarks/scaling.py summary out_*.json        # table + scaling efficiency
+    python benchmarks/scaling.py summary scaltok_1.json ddp_tokens.json   # a ddp_tokens run is the N-GPU leg
 
 Image workload: ResNet-50 (channels_last, bf16 autocast, SGD) reading
 
@@ -204,8 +205,11 @@ def run_tokens(args: argparse.Namespace) -> dict[str, Any]:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tmp = args.json + ".tokens.tmp" if args.json else f"/tmp/scaling_tokens_{world}.json"
+    # the per-rank budget halves with every doubling of GPUs: the global batch stays fixed. At
+    # 1 GPU the fixed-batch configs hold 2x the 2-GPU rows; ddp_tokens runs a batch over
+    # --max-micro-tokens as gradient-accumulated chunks, so it fits where one pass would not.
     argv = ["--budget", str(args.global_budget // world), "--steps", str(args.steps), "--warmup",
-            str(args.warmup), "--configs", args.configs, "--json", tmp]
+            str(args.warmup), "--configs", args.configs, "--json", tmp, *args.extra]
     if args.tiny:
         argv += ["--device", "cpu", "--tiny"]
     ddp_tokens.main(argv)
@@ -215,10 +219,21 @@ def run_tokens(args: argparse.Namespace) -> dict[str, Any]:
     return {"workload": "tokens", "world_size": world, "global_budget": args.global_budget, "rows": rows}
 
 
+def _token_run(run: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``scaling.py tokens`` result, or a ``ddp_tokens.py --json`` one read as the same."""
+    if run.get("workload") == "tokens":
+        return run
+    d = run.get("ddp_tokens")
+    if d is None:
+        return None
+    budget = int(d["args"]["budget"]) * int(d["world_size"])
+    return {"workload": "tokens", "world_size": d["world_size"], "global_budget": budget, "rows": d["rows"]}
+
+
 def summary(paths: list[str]) -> int:
     runs = [json.loads(Path(p).read_text()) for p in paths]
     img = [r for r in runs if r.get("workload") == "image"]
-    tok = [r for r in runs if r.get("workload") == "tokens"]
+    tok = [t for t in map(_token_run, runs) if t is not None]
     if img:
         one = {r["pipeline"]: r["images_per_s"] for r in img if r["world_size"] == 1}
         print(f"{'pipeline':<15}{'GPUs':>5}{'img/s':>10}{'step ms':>9}{'data wait':>10}{'straggler':>10}"
@@ -229,14 +244,54 @@ def summary(paths: list[str]) -> int:
             print(f"{r['pipeline']:<15}{r['world_size']:>5}{r['images_per_s']:>10,.0f}{r['step_ms']:>9.1f}"
                   f"{r['data_wait_share']:>10.1%}{r['straggler_share']:>10.1%}{r['comm_share']:>7.1%}{eff:>12.2f}")
     if tok:
+        budgets = {r["global_budget"] for r in tok}
+        if len(budgets) > 1:
+            print(f"warning: token runs at different global budgets {sorted(budgets)}: efficiencies are not comparable")
         one_t = {row["config"]: row["tokens_per_s"] for r in tok if r["world_size"] == 1 for row in r["rows"]}
-        print(f"{'sampler':<15}{'GPUs':>5}{'tokens/s':>12}{'step ms':>9}{'wait':>8}{'scaling eff':>12}")
+        print(f"{'sampler':<18}{'GPUs':>5}{'steps':>6}{'tokens/s':>12}{'step ms':>9}{'wait':>7}{'comm ms':>8}"
+              f"{'scaling eff':>12}")
         for r in sorted(tok, key=lambda r: r["world_size"]):
             for row in r["rows"]:
                 base = one_t.get(row["config"])
+                if base is None and r["world_size"] > 1:
+                    continue  # configurations without a 1-GPU run have no efficiency to show
                 eff = row["tokens_per_s"] / (r["world_size"] * base) if base else float("nan")
-                print(f"{row['config']:<15}{r['world_size']:>5}{row['tokens_per_s']:>12,.0f}{row['step_ms']:>9.1f}"
-                      f"{row['wait_share_mean']:>8.1%}{eff:>12.2f}")
+                print(f"{row['config']:<18}{r['world_size']:>5}{row.get('steps', 0):>6}{row['tokens_per_s']:>12,.0f}"
+                      f"{row['step_ms']:>9.1f}{row['wait_share_mean']:>7.1%}{row.get('comm_ms', float('nan')):>8.1f}"
+                      f"{eff:>12.2f}")
+    return 0
+
+
+def clocks(path: str) -> int:
+    """Summarise ``nvidia-smi --query-gpu=timestamp,index,clocks.sm,temperature.gpu,power.draw,<reasons>
+    --format=csv,noheader,nounits -lms N`` samples: per GPU, SM clock spread, temperature, power and
+    the clock-event (throttle) reasons seen while the GPU was busy."""
+    import csv
+
+    per: dict[str, list[tuple[float, float, float, int]]] = {}
+    with open(path, newline="") as f:
+        for row in csv.reader(f):
+            if len(row) < 6:
+                continue
+            try:
+                sm, temp, power = float(row[2]), float(row[3]), float(row[4])
+                reasons = int(row[5].strip(), 16)
+            except ValueError:
+                continue
+            per.setdefault(row[1].strip(), []).append((sm, temp, power, reasons))
+    for gpu, rows in sorted(per.items()):
+        busy = [r for r in rows if r[2] > 150]  # watts: samples taken while training ran
+        if not busy:
+            print(f"gpu {gpu}: {len(rows)} samples, none busy")
+            continue
+        sm = np.array([r[0] for r in busy])
+        seen: dict[int, int] = {}
+        for r in busy:
+            seen[r[3]] = seen.get(r[3], 0) + 1
+        reasons = ", ".join(f"0x{k:x}: {v}" for k, v in sorted(seen.items()))
+        print(f"gpu {gpu}: {len(busy)} busy samples, SM clock MHz min {sm.min():.0f} / median {np.median(sm):.0f} / "
+              f"max {sm.max():.0f}, temp max {max(r[1] for r in busy):.0f} C, power median "
+              f"{np.median([r[2] for r in busy]):.0f} W, event reasons {reasons}")
     return 0
 
 
@@ -288,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--warmup", type=int, default=8)
     t.add_argument("--tiny", action="store_true", help="CPU, tiny model: a quick check")
     t.add_argument("--json", default=None)
-    s = sub.add_parser("summary")
+    t.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more ddp_tokens.py options")
+    s = sub.add_parser("summary", help="tables from scal_*.json, scaltok_*.json and ddp_tokens.json files")
     s.add_argument("paths", nargs="+")
+    c = sub.add_parser("clocks", help="summarise an nvidia-smi CSV log (the tokens stage writes one)")
+    c.add_argument("path")
     args = ap.parse_args(argv)
     if args.cmd == "summary":
         return summary(args.paths)
+    if args.cmd == "clocks":
+        return clocks(args.path)
+    if args.cmd == "tokens":
+        args.extra = [a for a in args.extra if a != "--"]
     if args.cmd == "prepare":
         return prepare(args)
     out = run_image(args) if args.cmd == "image" else run_tokens(args)

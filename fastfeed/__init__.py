@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "MissingDependencyError": "fastfeed.errors",
     "PackPlan": "fastfeed.packplan",
     "PoorFitWarning": "fastfeed.costmodel",
+    "ShapeSetupWarning": "fastfeed.calibration",
     "RemoteError": "fastfeed.errors",
     "SampleError": "fastfeed.errors",
     "ShardError": "fastfeed.errors",

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastfeed.calibration import calibrate, design_shapes
+from fastfeed.calibration import ShapeSetupWarning, calibrate, design_shapes
 from fastfeed.costmodel import FEATURES, CostModel, PoorFitWarning, batch_features, fit_cost_model
 from fastfeed.errors import ConfigError
 
@@ -134,6 +134,16 @@ def test_design_shapes_are_varied_and_bounded() -> None:
     assert min(mixed) < 0.7 and max(mixed) > 0.95  # uniform and mixed batches both present
 
 
+
+def test_design_shapes_min_fraction_keeps_batches_near_the_budget() -> None:
+    lengths = np.clip(np.random.default_rng(0).lognormal(5, 1, 10000), 16, 1024).astype(np.int64)
+    shapes = design_shapes(lengths, max_tokens=32768, num_shapes=32, min_fraction=1 / 4)
+    padded = np.array([len(s) * lengths[s].max() for s in shapes])
+    assert padded.max() <= 32768 and padded.min() >= 0.2 * 32768  # no launch-bound tiny steps
+    assert len({int(lengths[s].max()) for s in shapes}) >= 5  # still varied in length
+    with pytest.raises(ConfigError, match="min_fraction"):
+        design_shapes(lengths, max_tokens=32768, min_fraction=0)
+
 class FakeClock:
     """A clock that a fake training step advances by the true cost (+ noise)."""
 
@@ -204,3 +214,25 @@ def test_samplers_accept_a_saved_model(tmp_path: Path) -> None:
     s = DistributedTokenBudgetSampler(lengths, max_cost="25ms", cost=str(path), num_replicas=4, rank=2)
     assert s.max_cost == pytest.approx(0.025)
     assert all(TRUE(lengths[b]) <= 0.025 * (1 + 1e-9) for b in s)
+
+
+def test_calibrate_fits_warm_runs_and_warns_about_per_shape_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that pays extra on the first run of each shape (e.g. a cuDNN plan build) is named, not fitted."""
+    import fastfeed.calibration as cal
+
+    clock = FakeClock()
+    seen: set[tuple[int, ...]] = set()
+
+    def step(lengths: np.ndarray) -> None:
+        key = tuple(int(x) for x in lengths)
+        if key not in seen:
+            seen.add(key)
+            clock.now += 0.04  # a 40 ms setup on every new shape
+        clock.step(lengths)
+
+    monkeypatch.setattr(cal.time, "perf_counter", clock.perf_counter)
+    lengths = np.clip(np.random.default_rng(1).lognormal(5, 1, 5000), 16, 1024).astype(np.int64)
+    with pytest.warns(ShapeSetupWarning, match="per-shape setup"):
+        m = calibrate(step, lengths, max_tokens=16384, num_shapes=24, repeats=3, warmup=1, sync=None)
+    assert m.meta["first_call_extra_s"] == pytest.approx(0.04, rel=0.1)
+    assert m.fit.median_ape < 0.02 and m.const < 0.01  # the setup cost stays out of the model
