@@ -467,6 +467,29 @@ def test_index_parser_handles_member_names_with_spaces() -> None:
         parse_dali_index("v2.0 1\n", "x.idx")
 
 
+def test_keys_of_names_with_spaces_come_from_the_tar_headers(tmp_path: Path) -> None:
+    """Shards whose member names hold whitespace get a v1.1 DALI index (no names): the
+    table reads those keys from the tar headers (plain, pax non-ASCII and long names), so
+    decode="dali" returns the same keys as decode="cpu" (no DALI needed for the table)."""
+    from fastfeed.decode._dali_table import sample_table
+    from fastfeed.synth import make_jpeg
+
+    rng = np.random.default_rng(3)
+    names = ["IMG 0001", "plain", "caf\u00e9 au lait", "x" * 120 + " long", "tab\tname"]
+    for i, stem in enumerate(names):
+        d = tmp_path / "src" / f"class {i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{stem}.jpg").write_bytes(make_jpeg(rng, (24, 16)))
+    fastfeed.pack(tmp_path / "src", tmp_path / "ff", samples_per_shard=2)
+    idx = DatasetIndex.load(tmp_path / "ff")
+    assert any((tmp_path / "ff" / str(s.dali_index)).read_text().startswith("v1.1") for s in idx.shards)
+    table = sample_table(idx)
+    want = [k for b in fastfeed.loader(tmp_path / "ff", batch_size=1, shuffle=False, decode=None)
+            for k in b["__key__"]]
+    assert table.keys(np.arange(idx.num_samples)) == want
+    assert sorted(k.rsplit("/", 1)[1] for k in want) == sorted(names)
+
+
 # ---------------------------------------------------------------------- tune
 def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, packed: Path) -> None:
     import inspect

@@ -1,11 +1,15 @@
 """The DALI pipeline and the loader object around it (see :mod:`fastfeed.decode.dali`).
 
-One pipeline lives as long as the loader. :class:`~fastfeed.decode._dali_source.BatchFeeder`
-feeds it batches in plan order, epoch after epoch; the loader matches every output to
-the batch it fed through the ``meta`` column ``(generation, epoch, step, id)``, drops
-outputs of a superseded feed (after ``set_epoch``/``load_state_dict``/an abandoned
-pass), and turns outputs into torch tensors the way DALI's own PyTorch iterator does
-(DLPack with DALI's dynamic executor, else a copy on the current CUDA stream).
+One pipeline lives as long as the loader. The loader feeds it the batches of
+:class:`~fastfeed.decode._dali_source.BatchFeeder` in plan order, epoch after epoch,
+one batch ahead of what DALI runs (``Pipeline.feed_input``: a batch's images as one
+``TensorListCPU``, its ``meta`` rows ``(generation, epoch, step, id, label)``); each
+step starts DALI's next iteration before it builds the torch batch, so no Python runs
+between two DALI iterations. It matches every output to the batch it fed through the
+``meta`` columns, drops outputs of a superseded feed (after
+``set_epoch``/``load_state_dict``/an abandoned pass), and turns outputs into torch
+tensors the way DALI's own PyTorch iterator does (DLPack with DALI's dynamic executor,
+else a copy on the current CUDA stream).
 
 A pipeline that fails (a sample DALI cannot decode) is rebuilt; the culprit is found
 from DALI's message (``sample #k``) or by decoding the failed batch's images one by one
@@ -29,12 +33,18 @@ import numpy as np
 import torch
 
 from fastfeed.decode._dali_source import (
+    EPOCH,
+    GENERATION,
+    LABEL,
+    SAMPLE,
+    STEP,
     BatchFeeder,
     FedBatch,
     FieldReader,
     ShardMaps,
     image_bytes,
     placeholder_jpeg,
+    tensor_batch,
     where,
 )
 from fastfeed.decode._dali_table import SampleTable, sample_table
@@ -50,6 +60,7 @@ __all__ = ["DaliLoader", "build_pipeline"]
 log = logging.getLogger(__name__)
 
 _SAMPLE_NO = re.compile(r"sample #(\d+)")
+_AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
 _TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last table read, reused
 
 
@@ -65,10 +76,17 @@ def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -
     return table
 
 
-def build_pipeline(d: Any, o: DaliOptions, source: Any, seed: int) -> Any:
-    """Define and build fastfeed's DALI pipeline reading from ``source``.
+#: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
+ENCODED, META = "ff_encoded", "ff_meta"
 
-    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 4), CPU).
+
+def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
+    """Define and build fastfeed's DALI pipeline, fed batch by batch through two inputs:
+    :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
+    :class:`~fastfeed.decode._dali_source.BatchFeeder`, the label in column
+    :data:`~fastfeed.decode._dali_source.LABEL`).
+
+    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
     """
     fn, types = d.fn, d.types
     h, w = o.image_size
@@ -78,9 +96,9 @@ def build_pipeline(d: Any, o: DaliOptions, source: Any, seed: int) -> Any:
     if o.gpu:
         decoder["hw_decoder_load"] = o.hw_decoder_load
     with pipe:
-        encoded, labels, meta = fn.external_source(
-            source=source, num_outputs=3, batch=True, no_copy=True,
-            dtype=[types.UINT8, types.INT64, types.INT64])
+        encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
+        meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
+        labels = meta[LABEL]
         if o.augment:
             images = fn.decoders.image_random_crop(
                 encoded, random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
@@ -152,14 +170,19 @@ class DaliLoader:
         self._table = _table(index, options.image_field, storage_options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
-        self._other = [e for e in self._table.exts if e != self._label_field]
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
                                      minlength=len(self._table.exts)) > 0
+        # the fields batches may carry beside the image (one decoded as some samples' image
+        # counts for the others): "cls" when labels come from the index, "txt", "json", ...
+        self._other = [e for e in self._table.exts
+                       if e != self._label_field and self._beside_image(e).any()]
         self._num_batches = num_batches(index.num_samples, world_size=options.world_size,
                                         batch_size=options.batch_size, drop_last=options.drop_last)
         self._plans: dict[int, EpochPlan] = {}
-        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg())
+        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg(),
+                                   pack=tensor_batch(dali))
         self._pipe: Any = None
+        self._dynamic = False  # the pipeline runs DALI's dynamic executor
         self._builds = 0
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
@@ -193,7 +216,7 @@ class DaliLoader:
                 "samples lack one; pass image_field=, on_error='skip' (they are counted in "
                 "loader.stats), or decode=None for raw fields",
                 shard=shard, key=key)
-        self._feeder.excluded.update(missing.tolist())
+        self._feeder.exclude(missing.tolist())
 
     def _plan(self, epoch: int) -> EpochPlan:
         plan = self._plans.get(epoch)
@@ -314,6 +337,11 @@ class DaliLoader:
                 f"batches={len(self)})")
 
     # ------------------------------------------------------------------ the stream
+    # The training thread feeds the pipeline: one batch per batch it takes, kept
+    # ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands DALI the next
+    # iteration (release + schedule_run, its input already fed), then feeds one more and
+    # builds the torch batch while DALI works: no Python stands between DALI finishing
+    # an iteration and starting the next (the hand-written reader pipeline's advantage).
     def _feed_from(self, epoch: int, step: int) -> None:
         """Make the pipeline output (epoch, step) next, building it if needed."""
         if self._pipe is not None and self._stream == (epoch, step):
@@ -323,9 +351,17 @@ class DaliLoader:
             self._feeder.pending.clear()
             self._builds += 1
             seed = _pipeline_seed(self.options, epoch, step, self._builds)
-            self._pipe = build_pipeline(self._dali, self.options, self._feeder, seed)
-            self._pipe.schedule_run()
+            self._pipe = build_pipeline(self._dali, self.options, seed)
+            self._dynamic = bool(getattr(self._pipe, "exec_dynamic", False))
+            for _ in range(self.options.prefetch_queue_depth + _AHEAD):
+                self._feed_one()
+            self._pipe.schedule_run()  # runs prefetch_queue_depth iterations
         self._stream = (epoch, step)
+
+    def _feed_one(self) -> None:
+        images, meta = self._feeder()
+        self._pipe.feed_input(ENCODED, images)
+        self._pipe.feed_input(META, meta)
 
     def _advance(self, epoch: int, step: int) -> None:
         self._stream = (epoch, step + 1) if step + 1 < self._num_batches else (epoch + 1, 0)
@@ -347,28 +383,35 @@ class DaliLoader:
                 continue
             fed = self._feeder.pending.popleft()
             if fed.generation != self._feeder.generation:
-                self._release()  # a batch of a superseded feed
+                self._next_iteration()  # a batch of a superseded feed
                 continue
             meta = np.array(outs[2].as_tensor())
-            if (meta[0, 0], meta[0, 1], meta[0, 2]) != (fed.generation, epoch, step) or fed.step != step:
+            if (meta[0, GENERATION], meta[0, EPOCH], meta[0, STEP]) != (fed.generation, epoch, step) \
+                    or fed.step != step:
                 raise FastfeedError(
                     f"internal error: DALI returned batch {tuple(meta[0, :3])} where ({fed.generation}, "
                     f"{epoch}, {step}) was expected; please report it")
-            batch, dropped = self._to_batch(outs, meta[:, 3])
-            self._release()
+            if self._dynamic:  # outputs stay valid after release: start the next iteration first
+                self._next_iteration()
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+            else:  # release recycles the output buffers: copy them out first
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+                self._next_iteration()
             self._advance(epoch, step)
             skipped = [*fed.skipped, *dropped]
             return batch, len(skipped), [self._skip_message(i, "no image") for i in skipped]
 
-    def _release(self) -> None:
+    def _next_iteration(self) -> None:
+        """Give the consumed outputs back, run the next (already fed) iteration, feed one more."""
         self._pipe.release_outputs()
         self._pipe.schedule_run()
+        self._feed_one()
 
     def _tensor(self, out: Any) -> torch.Tensor:
         t = out.as_tensor()
         on_gpu = type(t).__name__ == "TensorGPU"
         device = torch.device("cuda", self.options.device_id) if on_gpu else torch.device("cpu")
-        if getattr(self._pipe, "exec_dynamic", False):  # outputs are not reused: share them
+        if self._dynamic:  # outputs are not reused: share them
             with device:
                 return torch.from_dlpack(t)
         x = torch.empty(t.shape(), dtype=self._dali.to_torch_type[t.dtype], device=device)
@@ -403,16 +446,19 @@ class DaliLoader:
         batch.update(others)
         return batch, dropped
 
+    def _beside_image(self, ext: str, ids: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Which of samples ``ids`` hold field ``ext`` other than as their image."""
+        has = self._table.field_offsets[ext][ids] >= 0
+        if self._as_image[self._table.exts.index(ext)]:
+            has &= self._table.image_ext[ids] != self._table.exts.index(ext)
+        return has
+
     def _field_values(self, ext: str, ids: np.ndarray) -> tuple[list[Any] | None, list[int]]:
         """Another field of the batch decoded like the CPU path, or None when no sample
         here has it (beside as its image); and the rows that failed with on_error='skip'."""
         image_ext = self._table.exts.index(ext)
         as_image = self._as_image[image_ext]  # does any sample decode this field as its image?
-        real = ids[ids >= 0]
-        has = self._table.field_offsets[ext][real] >= 0
-        if as_image:
-            has &= self._table.image_ext[real] != image_ext
-        if not has.any():
+        if not self._beside_image(ext, ids[ids >= 0]).any():
             return None, []
         safe = np.maximum(ids, 0)
         try:
@@ -456,7 +502,7 @@ class DaliLoader:
                 f"{shard}: DALI cannot decode sample '{key}' (image at byte {offset}){more}: {reason}; "
                 "fix or remove the file and re-pack, or pass on_error='skip'",
                 shard=shard, key=key, offset=offset) from None
-        self._feeder.excluded.update(bad)
+        self._feeder.exclude(bad)
         log.debug("DALI failed on %d sample(s) of epoch %d batch %d: %s", len(bad), epoch, step, reason)
         self._skip_reasons.update({i: reason for i in bad})
 

@@ -25,7 +25,7 @@ from fastfeed.decode.fields import is_image, last_ext
 from fastfeed.errors import ConfigError, IndexMismatchError
 from fastfeed.formats.tar import split_key
 from fastfeed.index import DatasetIndex, join
-from fastfeed.remote import is_url, read_bytes
+from fastfeed.remote import filesystem, is_url, read_bytes
 
 __all__ = ["DALI_IMAGE_EXTENSIONS", "SampleTable", "parse_dali_index", "sample_table"]
 
@@ -112,8 +112,8 @@ class SampleTable:
         field_offsets: per field name, int64 (N,) data offsets (-1: the sample lacks it).
         field_sizes: per field name, int64 (N,) data sizes.
         shard_starts: int64 (S + 1,) global number of each shard's first sample.
-        key_blob: the UTF-8 sample keys, concatenated.
-        key_starts: int64 (N + 1,) where each key starts in ``key_blob``.
+        key_text: the sample keys, concatenated (one string: a batch's keys are slices).
+        key_starts: int64 (N + 1,) where each key starts in ``key_text``.
     """
 
     offsets: np.ndarray
@@ -123,7 +123,7 @@ class SampleTable:
     field_offsets: dict[str, np.ndarray] = field(repr=False)
     field_sizes: dict[str, np.ndarray] = field(repr=False)
     shard_starts: np.ndarray = field(repr=False)
-    key_blob: bytes = field(repr=False)
+    key_text: str = field(repr=False)
     key_starts: np.ndarray = field(repr=False)
 
     @property
@@ -134,12 +134,12 @@ class SampleTable:
 
     def key(self, i: int) -> str:
         """The key of global sample ``i``."""
-        return self.key_blob[self.key_starts[i] : self.key_starts[i + 1]].decode("utf-8")
+        return self.key_text[self.key_starts[i] : self.key_starts[i + 1]]
 
     def keys(self, ids: np.ndarray) -> list[str]:
         """Keys of the given samples, in order."""
-        blob, starts = self.key_blob, self.key_starts
-        return [blob[starts[i] : starts[i + 1]].decode("utf-8") for i in ids.tolist()]
+        text, starts, ids = self.key_text, self.key_starts, np.asarray(ids, dtype=np.int64)
+        return [text[a:b] for a, b in zip(starts[ids].tolist(), starts[ids + 1].tolist())]
 
     def shard_of(self, ids: np.ndarray) -> np.ndarray:
         """Shard number of each global sample number."""
@@ -217,10 +217,12 @@ def sample_table(index: DatasetIndex, image_field: str | None = None,
     offsets = np.full(n, -1, dtype=np.int64)
     sizes = np.zeros(n, dtype=np.int64)
     image_ext = np.full(n, -1, dtype=np.int16)
-    keys: list[bytes] = []
+    keys: list[str] = []
     starts = index.shard_starts
+    names = _HeaderNames(index, storage_options)
     for s, shard in enumerate(index.shards):
         samples = _shard_entries(index, s, storage_options)
+        names.shard(s)
         base = int(starts[s])
         for j, comps in enumerate(samples):
             i = base + j
@@ -231,17 +233,52 @@ def sample_table(index: DatasetIndex, image_field: str | None = None,
                 if 0 <= r < best_rank:
                     best, best_rank, offsets[i], sizes[i] = k, r, off, size
             image_ext[i] = best
-            parts = split_key(comps[0][3]) if comps[0][3] else None
-            keys.append((parts[0] if parts else f"{shard.name}:{j}").encode("utf-8"))
+            member = comps[0][3] or names.first(i)  # v1.1 indexes carry no names
+            parts = split_key(member)
+            keys.append(parts[0] if parts else f"{shard.name}:{j}")
         for ext in cols.exts:
             _check_bounds(cols.offsets[ext][base : base + shard.samples],
                           cols.sizes[ext][base : base + shard.samples], shard.bytes,
                           join(index.root, str(shard.dali_index)))
+    names.shard(-1)  # closes the last shard opened for names
     _check_spans(index, offsets, sizes)
     key_starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(k) for k in keys], out=key_starts[1:])
     return SampleTable(offsets, sizes, image_ext, tuple(cols.exts), cols.offsets, cols.sizes,
-                       starts, b"".join(keys), key_starts)
+                       starts, "".join(keys), key_starts)
+
+
+class _HeaderNames:
+    """First member names read from the shards' tar headers, for samples whose DALI index
+    line has none (v1.1: written when a member name holds whitespace). Opens a shard only
+    when one of its samples needs it, and reads only header blocks."""
+
+    def __init__(self, index: DatasetIndex, storage_options: Any) -> None:
+        self.index, self.storage_options = index, storage_options
+        self._s, self._file = -1, None
+
+    def shard(self, s: int) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._s, self._file = s, None
+
+    def first(self, i: int) -> str:
+        from fastfeed.formats.tar_reader import first_member_name
+
+        url = self.index.shard_path(self._s)
+        if self._file is None:
+            if is_url(url):
+                fs, path = filesystem(url, self.storage_options)
+                self._file = fs.open(path, "rb")
+            else:
+                self._file = open(url, "rb")
+        f = self._file
+
+        def read(offset: int, size: int) -> bytes:
+            f.seek(offset)
+            return f.read(size)
+
+        return first_member_name(read, int(self.index.offsets[i, 0]), url)
 
 
 def _shard_entries(index: DatasetIndex, s: int, storage_options: Any = None

@@ -135,8 +135,8 @@ def import_dali() -> SimpleNamespace:
     """Import DALI and its PyTorch plugin, or raise one error with the install line.
 
     Returns:
-        A namespace with ``Pipeline``, ``fn``, ``types``, ``feed_ndarray``,
-        ``to_torch_type`` and ``version``.
+        A namespace with ``Pipeline``, ``fn``, ``types``, ``TensorCPU``, ``TensorListCPU``,
+        ``feed_ndarray``, ``to_torch_type`` and ``version``.
 
     Raises:
         MissingDependencyError: DALI is not installed (or cannot load).
@@ -151,11 +151,13 @@ def import_dali() -> SimpleNamespace:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+        from nvidia.dali.tensors import TensorCPU, TensorListCPU
     except ImportError as e:
         raise MissingDependencyError(
             f"decode='dali' needs NVIDIA DALI ({e}): {DALI_INSTALL}; or use decode='cpu'"
         ) from None
-    return SimpleNamespace(Pipeline=dali.Pipeline, fn=fn, types=types, feed_ndarray=feed_ndarray,
+    return SimpleNamespace(Pipeline=dali.Pipeline, fn=fn, types=types, TensorCPU=TensorCPU,
+                           TensorListCPU=TensorListCPU, feed_ndarray=feed_ndarray,
                            to_torch_type=to_torch_type, version=getattr(dali, "__version__", "?"))
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from fastfeed.errors import SampleError, ShardError
 from fastfeed.formats.tar import TarShardReader
 from fastfeed.formats.wds import webdataset_key
 
-__all__ = ["FastTarReader", "parse_sample"]
+__all__ = ["FastTarReader", "first_member_name", "parse_sample"]
 
 BLOCK = 512
 _REGULAR = (ord("0"), 0, ord("7"))
@@ -152,6 +152,39 @@ def parse_sample(buf: bytes | memoryview, name: str = "<tar>", offset: int = 0) 
         return _parse(buf, name, offset)
     except (_Unusual, ValueError):
         return None
+
+
+def first_member_name(read: Callable[[int, int], bytes], offset: int, where: str = "<tar>") -> str:
+    """Path of the first regular member whose headers start at ``offset`` (pax and GNU
+    long names honoured), reading only the header blocks through ``read(offset, size)``.
+
+    For index files that do not carry member names (DALI's v1.1, written when a name holds
+    whitespace), so the key still comes from the tar itself.
+
+    Raises:
+        SampleError: no regular member header at ``offset``.
+
+    Example:
+        >>> first_member_name(lambda o, n: shard[o : o + n], 0)         # doctest: +SKIP
+        'train/IMG 0001.jpg'
+    """
+    pos, long_name, pax = offset, None, {}
+    for _ in range(8):  # pax/longname headers, then the member's own
+        h = bytes(read(pos, BLOCK))
+        if len(h) < BLOCK or h.count(0) == BLOCK or not _checksum_ok(h):
+            break
+        typ = h[156]
+        size = _octal(h[124:136])
+        if typ in _REGULAR:
+            return pax.get("path") or long_name or _header_name(h)
+        padded = -(-size // BLOCK) * BLOCK
+        if typ == ord("x"):
+            pax = _pax(bytes(read(pos + BLOCK, size)))
+        elif typ == ord("L"):
+            long_name = bytes(read(pos + BLOCK, size)).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        pos += BLOCK + padded
+    raise SampleError(f"{where}: no tar member header at offset {offset}; the index does not match "
+                      "this shard, re-run `fastfeed pack`", shard=where, offset=offset)
 
 
 class FastTarReader:
