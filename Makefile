@@ -22,7 +22,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+# fastfeed/_jpegroi.c: an optional C extension, built by the editable install (pyproject)
+$(VENV)/.installed: pyproject.toml fastfeed/_jpegroi.c | $(PY)
 	$(PIP) install $(TORCH)
 	$(PIP) install -e '.[dev,s3,turbo]'
 	touch $@
@@ -44,7 +45,7 @@ $(BENCH_PY):
 	$(BENCH_PIP) install --upgrade pip
 
 # apt-get runs only when one of the Debian packages ffcv builds against is missing.
-$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt | $(BENCH_PY)
+$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt fastfeed/_jpegroi.c | $(BENCH_PY)
 	@missing="$$(for p in $(BENCH_APT); do dpkg -s $$p >/dev/null 2>&1 || printf '%s ' $$p; done)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "apt-get install -y $$missing"; \

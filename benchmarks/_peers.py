@@ -96,9 +96,12 @@ def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
         epoch += 1
         return iter(dl)
 
+    from fastfeed.decode import roi
     from fastfeed.decode.image import turbo_available
 
     backend = "simplejpeg+OpenCV (DCT-scaled)" if turbo_available() else "Pillow (draft)"
+    if turbo_available() and roi.available():
+        backend = "libjpeg-turbo crop-only decode (fastfeed._jpegroi, DCT-scaled)+OpenCV"
     return Built("fastfeed", f"fastfeed.loader over pack tar shards, decode {backend}",
                  [ff], one_epoch, lambda: _shutdown(dl))
 

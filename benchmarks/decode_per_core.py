@@ -6,7 +6,11 @@ with random horizontal flips?
 
 - ``fastfeed-turbo``: ``fastfeed.loader(num_workers=0, decode_backend="turbo")`` over
   ``fastfeed pack`` tar shards (everything: shard reads, tar parsing, crop choice,
-  DCT-scaled simplejpeg decode, OpenCV resize into the batch buffer, labels, stats).
+  DCT-scaled decode, of only the crop's region when the optional extension
+  ``fastfeed._jpegroi`` is built (:mod:`fastfeed.decode.roi`), OpenCV resize into the
+  batch buffer, labels, stats).
+- ``fastfeed-turbo-full``: the same with region decoding switched off (whole-image
+  simplejpeg decode, as without the extension): the region decoding's share.
 - ``fastfeed-pillow``: the same with ``decode_backend="pillow"``.
 - ``ffcv-ops``: the operations FFCV's ``RandomResizedCropRGBImageDecoder`` +
   ``RandomHorizontalFlip`` run per image (libjpeg-turbo full decode with fast DCT,
@@ -70,9 +74,13 @@ def ffcv_ops(datas: list[bytes], batch: int, size: int, interp: str) -> Callable
     return run
 
 
-def fastfeed_pass(root: Path, batch: int, size: int, backend: str) -> Callable[[], int]:
+def fastfeed_pass(root: Path, batch: int, size: int, backend: str, roi: bool = True) -> Callable[[], int]:
     dl = fastfeed.loader(root, batch_size=batch, image_size=size, num_workers=0, decode_backend=backend,
                          pin_memory=False)
+    if not roi:  # num_workers=0: this process's decoder; decode whole images, as without _jpegroi
+        images = dl.dataset.decoder.images
+        images._load()
+        images._roi = False
 
     def run() -> int:
         return sum(len(b["__key__"]) for b in dl)
@@ -137,15 +145,20 @@ def main(argv: list[str] | None = None) -> int:
           f"RandomResizedCrop {args.size} + flip, batch {args.batch}, 1 process")
     runs = {
         "fastfeed-turbo": fastfeed_pass(packed, args.batch, args.size, "turbo"),
+        "fastfeed-turbo-full": fastfeed_pass(packed, args.batch, args.size, "turbo", roi=False),
         "fastfeed-pillow": fastfeed_pass(packed, args.batch, args.size, "pillow"),
         "ffcv-ops": ffcv_ops(datas, args.batch, args.size, "area"),
         "ffcv-ops-linear": ffcv_ops(datas, args.batch, args.size, "linear"),
     }
     rates = timed(runs, args.repeat)
     ref = rates["ffcv-ops"][0]
-    print(f"{'pipeline':<18}{'img/s per CPU-s':>16}{'img/s wall':>12}{'vs ffcv-ops':>13}")
+    print(f"{'pipeline':<20}{'img/s per CPU-s':>16}{'ms CPU/img':>11}{'img/s wall':>12}{'vs ffcv-ops':>13}")
     for name, (cpu, wall) in rates.items():
-        print(f"{name:<18}{cpu:>16.0f}{wall:>12.0f}{cpu / ref:>12.2f}x")
+        print(f"{name:<20}{cpu:>16.0f}{1e3 / cpu:>11.2f}{wall:>12.0f}{cpu / ref:>12.2f}x")
+    from fastfeed.decode import roi
+
+    print(f"region decoding (fastfeed._jpegroi): {'built' if roi.available() else 'NOT built'}; "
+          f"fastfeed-turbo / fastfeed-turbo-full: {rates['fastfeed-turbo'][0] / rates['fastfeed-turbo-full'][0]:.2f}x")
     ratio = rates["fastfeed-turbo"][0] / ref
     print(f"goal: fastfeed-turbo >= 1.0x ffcv-ops per core: {ratio:.2f}x -> {'pass' if ratio >= 1.0 else 'FAIL'}")
     print("RESULT " + json.dumps({

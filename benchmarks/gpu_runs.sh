@@ -2,10 +2,12 @@
 # GPU benchmark stages for the lent nvidia-h200-x2 machine (2 GPUs, 32 cores), run from the repo
 # root after the DALI wheel parts were sent (benchmarks/gpu_setup.sh explains the transfers):
 #
-#   bash benchmarks/gpu_runs.sh dali      # issue 6: benchmarks/dali_gpu.py on GPU 0, 16 cores
+#   bash benchmarks/gpu_runs.sh dali      # issue 6: benchmarks/dali_gpu.py on GPU 0, 16 cores (~4-5 min;
+#                                         #   DALI_ARGS="--datasets resized" ~2.5 min)
 #   bash benchmarks/gpu_runs.sh scaling   # issue 8: image workload on 1 and 2 GPUs
-#   bash benchmarks/gpu_runs.sh tokens    # issues 4/10/8: ddp_tokens on 2 GPUs, token scaling 1 -> 2
-#   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores
+#   bash benchmarks/gpu_runs.sh tokens    # issues 4/10/8: ddp_tokens on 2 GPUs, token scaling 1 -> 2 (~4.5 min)
+#   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores (~7 min)
+#   bash benchmarks/gpu_runs.sh roi       # issue 3: build fastfeed/_jpegroi there, per-core decode (~1.5 min)
 #
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
@@ -13,7 +15,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16="0-15"
-stage=${1:?stage: dali|scaling|tokens|tune|s3|loadercpu}
+stage=${1:?stage: dali|scaling|tokens|tune|s3|loadercpu|roi}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log" ;;
@@ -30,19 +32,35 @@ scaling)
   done
   python3 benchmarks/scaling.py summary "$OUT"/scal_*.json 2>&1 | tee "$OUT/scaling.txt" ;;
 tokens)
-  torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py --steps ${TOKEN_STEPS:-200} --json "$OUT/ddp_tokens.json" \
-      ${TOKEN_ARGS:-} 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*" | tee "$OUT/ddp_tokens.log"
-  if [ -n "${TOKEN_SCALING:-1}" ]; then
-    for n in 1 2; do
-      torchrun --nproc-per-node $n benchmarks/scaling.py tokens --global-budget 32768 --steps 60 \
-        --json "$OUT/scaltok_$n.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*" | tail -6
-    done
-    python3 benchmarks/scaling.py summary "$OUT"/scaltok_*.json 2>&1 | tee "$OUT/scaling_tokens.txt"
-  fi ;;
+  # issues 4/10: all configurations on 2 GPUs (its ds-fixed/ff-tokens/ff-bucket rows are also the 2-GPU
+  # leg of issue 8's token scaling), then the same global budget on 1 GPU; GPU clocks sampled throughout.
+  # ~4.5 min on h200-x2 (6.5 at worst); TOKEN_STEPS, TOKEN_ARGS, TOKEN_SCALING=0, TOKEN_SCALING_STEPS.
+  SMI=""
+  if command -v nvidia-smi >/dev/null; then
+    R=clocks_event_reasons.active
+    nvidia-smi --query-gpu=$R --format=csv >/dev/null 2>&1 || R=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,temperature.gpu,power.draw,$R --format=csv,noheader,nounits \
+      -lms 500 > "$OUT/tokens_gpu.csv" 2>/dev/null & SMI=$!
+  fi
+  torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py --steps ${TOKEN_STEPS:-120} --json "$OUT/ddp_tokens.json" \
+      ${TOKEN_ARGS:-} 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^{\"ddp_tokens" | tee "$OUT/ddp_tokens.log"
+  if [ "${TOKEN_SCALING:-1}" != 0 ]; then
+    torchrun --nproc-per-node 1 benchmarks/scaling.py tokens --global-budget 32768 --steps ${TOKEN_SCALING_STEPS:-60} \
+      --json "$OUT/scaltok_1.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^{" | tee "$OUT/scaltok_1.log" | tail -12
+    python3 benchmarks/scaling.py summary "$OUT/scaltok_1.json" "$OUT/ddp_tokens.json" 2>&1 | tee "$OUT/scaling_tokens.txt"
+  fi
+  if [ -n "$SMI" ]; then kill "$SMI"; python3 benchmarks/scaling.py clocks "$OUT/tokens_gpu.csv" | tee "$OUT/tokens_gpu.txt"; fi ;;
 tune)
-  taskset -c $CORES16 python3 benchmarks/tune.py --images ${TUNE_IMAGES:-6000} --per-trial 1.5 \
-      --prefetch ${TUNE_PREFETCH:-1,2,4,8} --deadline 420 --json "$OUT/tune-h200.json" 2>&1 | tee "$OUT/tune.log"
-  taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -15 | tee "$OUT/decode_per_core.log" ;;
+  # ~7 min on 16 cores: 24,000 JPEGs generated + packed (~0.5 min), tune (60 s budget, its
+  # confirmation included), grid workers 0..24 x prefetch 1,2,4,8 (97 settings, ~4-5 min),
+  # confirmation of tuned / grid's two best / num_workers=0 (3 interleaved rounds, ~1 min).
+  # The grid stops at --deadline (then no figures: "grid incomplete").
+  taskset -c $CORES16 python3 benchmarks/tune.py --deadline ${TUNE_DEADLINE:-500} ${TUNE_ARGS:-} \
+      --json "$OUT/tune-h200.json" 2>&1 | tee "$OUT/tune.log"
+  if [ -n "${DECODE_PER_CORE:-}" ]; then  # issue 3's per-core figure (recorded already); ~0.5 min
+    taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -15 \
+      | tee "$OUT/decode_per_core.log"
+  fi ;;
 s3)
   # issue 3 on 16 cores (CPU only): shards on S3 (moto on 127.0.0.1) vs one GET per image. Needs the
   # S3 wheels (.whl-s3, cp312) sent first: carry [".whl-s3"], command: cp -r .whl-s3 /tmp/whl-s3
@@ -60,5 +78,16 @@ loadercpu)
   PYTHONPATH=/tmp/site-wds:$PYTHONPATH taskset -c ${LC_CORES:-0-15} python3 benchmarks/loader_cpu.py --datasets synth \
       --peers fastfeed,imagefolder,imagefolder-tvio,webdataset --caches warm --workers 14 --time 10 \
       --repeat ${LC_REPEAT:-2} --json "$OUT/loader_cpu.json" 2>&1 | tail -40 | tee "$OUT/loader_cpu.log" ;;
+roi)
+  # issue 3: region-of-interest JPEG decoding. Builds the optional C extension fastfeed/_jpegroi in place
+  # for this python (needs gcc, jpeglib.h and Python.h; without them the loader decodes whole images and
+  # the line below says so), then the per-core decode figures with it (fastfeed-turbo) and without it
+  # (fastfeed-turbo-full), 16 cores idle. ~1.5 min. Run it before tune/scaling/loadercpu on the same
+  # machine and those use the extension too (the .so stays in the tree there; it is git-ignored).
+  INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  SUF=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF" 2>&1 | tail -3 | tee "$OUT/roi_build.log"
+  python3 -c "from fastfeed.decode import roi; print('region decoding built:', roi.available())" 2>&1 | tee -a "$OUT/roi_build.log"
+  taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -12 | tee "$OUT/decode_per_core_roi.log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -14,6 +14,9 @@
 #   5.   carry [".devwhl/p05", ".whl", ".dali-bench"]
 #        command: source benchmarks/gpu_setup.sh && python3 benchmarks/dali_gpu.py --json $OUT/dali_gpu.json 2>&1 | tee $OUT/dali_gpu.log
 #
+# Stages that need no DALI (tokens, tune, s3, loadercpu, roi): export FASTFEED_NO_DALI=1 first
+# and send no parts.
+#
 # What this does: stashes any part present in .devwhl/ into /tmp/parts, joins the parts
 # and installs the wheels into /tmp/site (once per machine), installs .whl/*.whl there
 # too, puts /tmp/site and the repo on PYTHONPATH, and checks that DALI imports.
@@ -27,7 +30,7 @@ _fastfeed_gpu_setup() {
             if [ -f "$d/part" ]; then cp "$d/part" "/tmp/parts/$n" || return 1; fi
         done
     fi
-    if ! PYTHONPATH=$site python3 -c "import nvidia.dali" >/dev/null 2>&1; then
+    if [ -z "${FASTFEED_NO_DALI:-}" ] && ! PYTHONPATH=$site python3 -c "import nvidia.dali" >/dev/null 2>&1; then
         if ! ls /tmp/parts/p* >/dev/null 2>&1; then
             echo "gpu_setup: no DALI wheel parts in /tmp/parts: send .devwhl/p01.. first, back to back" >&2
             return 1
@@ -47,6 +50,10 @@ _fastfeed_gpu_setup() {
     fi
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONUNBUFFERED=1
+    if [ -n "${FASTFEED_NO_DALI:-}" ]; then  # stages that need no DALI (tokens, tune, s3, ...)
+        python3 -c "import torch; print('gpu_setup: no DALI | torch', torch.__version__, '| cores', len(__import__('os').sched_getaffinity(0)))"
+        return $?
+    fi
     python3 -c "import nvidia.dali, torch; print('gpu_setup: DALI', nvidia.dali.__version__, '| torch',
 torch.__version__, '| GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
 '| cores', len(__import__('os').sched_getaffinity(0)))" || return 1

@@ -297,7 +297,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     def progress(t: Trial) -> None:
         m = t.measurement
         rate = f"{m.samples_per_s:,.0f} samples/s" if m is not None else t.status
-        print(f"  {t.setting.label}: {rate}", file=sys.stderr, flush=True)
+        flag = "" if m is None or m.steady else f" (not steady: {m.note})"
+        print(f"  {t.phase:<8} {t.setting.label}: {rate}{flag}", file=sys.stderr, flush=True)
 
     result = tune(
         args.dst, batch_size=args.batch_size, decode=args.decode, image_size=args.image_size,

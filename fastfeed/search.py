@@ -17,14 +17,22 @@ Strategy (far fewer measurements than a grid)
     2. **refine** between the best rung and its neighbours (one bisection each way);
     3. **prefetch factor**: try larger (4, then 8 while it helps); try 1 only when memory
        binds; re-check the neighbouring worker counts if the factor changed;
-    4. **decode knobs**: one coordinate pass over each knob's values.
+    4. **decode knobs**: one coordinate pass over each knob's values;
+    5. **confirm**: the top 2-3 candidates are measured again, longer and interleaved,
+       and the choice is made on those medians (:mod:`fastfeed.tune_confirm`). Steps 1-4
+       use the budget less a ``confirm_share`` kept for this step.
+
+Steady state
+    A trial whose measurement never reached steady state (``Measurement.steady`` False,
+    see :mod:`fastfeed.measure`) is shown with its reason and is chosen only when no
+    steady trial exists.
 
 Tolerance
     Two measurements differ only when the gap exceeds ``max(tolerance, noise / 2)``,
     where noise is the larger relative p10-p90 spread of their windows: on a busy machine
     the search asks for a bigger rise before it calls a rung better.
 
-Choice
+Choice (from the confirmation medians when step 5 ran; see :mod:`fastfeed.tune_confirm`)
     With a target rate: the *cheapest* setting (fewest workers, then smallest prefetch,
     then earliest knob values) whose rate reaches ``target x (1 + headroom)``, leaving
     the other cores to the training process; if none does, the fastest. Without a
@@ -51,6 +59,7 @@ from typing import Any, Callable
 
 from fastfeed.errors import ConfigError
 from fastfeed.measure import Measurement
+from fastfeed.tune_confirm import Confirmed, choose, confirm, top_candidates
 from fastfeed.tune_space import SearchSpace, Setting, worker_ladder
 
 __all__ = ["SearchOutcome", "Trial", "search"]
@@ -96,6 +105,7 @@ class SearchOutcome:
         target_rate: the target the choice had to meet (samples/s), or None.
         target_met: whether it does (None without a target).
         out_of_time: True when the time budget ended the search early.
+        confirmed: the candidates re-measured in step 5 (empty when it did not run).
     """
 
     trials: tuple[Trial, ...]
@@ -104,6 +114,7 @@ class SearchOutcome:
     target_rate: float | None = None
     target_met: bool | None = None
     out_of_time: bool = False
+    confirmed: tuple[Confirmed, ...] = ()
 
 
 # ---------------------------------------------------------------------- helpers
@@ -158,10 +169,12 @@ class _Runner:
         per_worker = (m.workers_memory or 0) / ref.setting.num_workers
         return int(m.main_memory + per_worker * s.num_workers)
 
-    def run(self, s: Setting, phase: str) -> Trial:
-        if s in self.done:
+    def run(self, s: Setting, phase: str, *, again: bool = False,
+            measure_fn: Callable[[Setting], Measurement] | None = None) -> Trial:
+        """Measure ``s`` (or return its earlier trial unless ``again``)."""
+        if s in self.done and not again:
             return self.done[s]
-        if self.trials and self.clock() >= self.deadline:
+        if self.trials and self.clock() >= self.deadline and not again:
             raise _OutOfTime
         predicted = self.predicted_memory(s) if self.memory_budget else None
         if predicted is not None and self.memory_budget and predicted > self.memory_budget:
@@ -170,7 +183,7 @@ class _Runner:
         else:
             start = self.clock()
             try:
-                m = self.measure_fn(s)
+                m = (measure_fn or self.measure_fn)(s)
                 status = "ok"
                 if (self.memory_budget and m.memory_bytes is not None
                         and m.memory_bytes > self.memory_budget):
@@ -180,7 +193,7 @@ class _Runner:
                 m, status = None, f"failed: {type(e).__name__}: {e}"
             t = Trial(s, phase, m, status, self.clock() - start)
         self.trials.append(t)
-        self.done[s] = t
+        self.done.setdefault(s, t)
         if self.on_trial is not None:
             self.on_trial(t)
         return t
@@ -326,6 +339,7 @@ def _knobs(c: _Ctx, best: Trial) -> Trial:
 
 def _choose(c: _Ctx, target_rate: float | None, headroom: float) -> tuple[Trial, str, bool | None]:
     ok = [t for t in c.run.trials if t.ok]
+    ok = [t for t in ok if t.measurement is not None and t.measurement.steady] or ok
     cost = lambda t: _cost(t, c.space, c.cores_per_rank)  # noqa: E731
     top = max(ok, key=lambda t: t.rate)
     left = lambda t: max(0, c.cores_per_rank - c.space.cores_used(t.setting))  # noqa: E731
@@ -343,12 +357,60 @@ def _choose(c: _Ctx, target_rate: float | None, headroom: float) -> tuple[Trial,
             "decode='dali', fewer local ranks or a faster disk"), False
     ties = [t for t in ok if c.as_good(t, top)]
     best = min(ties, key=cost)
+    if not (best.measurement is not None and best.measurement.steady):
+        why = f"no setting reached steady state ({best.measurement.note if best.measurement else '?'}); "
+        return best, why + f"fastest measured: {best.rate:,.0f} samples/s; measure longer", None
     if best is top:
         why = f"fastest measured: {top.rate:,.0f} samples/s"
     else:
         why = (f"within the measurement noise of the fastest ({top.setting.label}: {top.rate:,.0f} "
                f"samples/s) and cheaper: {best.rate:,.0f} samples/s")
     return best, f"{why}; leaves {left(best)} of {c.cores_per_rank} cores per rank to training", None
+
+
+def _confirm(c: _Ctx, confirm_fn: Callable[[Setting], Measurement] | None, k: int, rounds: int,
+             scale: float, deadline: float, target_rate: float | None, headroom: float
+             ) -> tuple[Trial, str, bool | None, tuple[Confirmed, ...]] | None:
+    """Step 5: re-measure the top candidates interleaved; None when it did not run."""
+    cost = lambda t: _cost(t, c.space, c.cores_per_rank)  # noqa: E731
+    searched = [t for t in c.run.trials if t.phase != "confirm"]
+    prefer = _choose(c, target_rate, headroom)[0] if c.goal is None else None
+    cands = top_candidates(searched, goal=c.goal, k=k, cost=cost, prefer=prefer)
+    if len(cands) < 2:
+        return None
+    def again(s: Setting) -> Trial:
+        return c.run.run(s, "confirm", again=True, measure_fn=confirm_fn)
+
+    def expected(t: Trial) -> float:  # start-up does not grow with a longer trial
+        startup = min(t.seconds, t.measurement.startup_s) if t.measurement is not None else 0.0
+        return startup + scale * (t.seconds - startup)
+
+    done = confirm(cands, again, rounds=rounds, deadline=deadline, clock=c.run.clock, expected_s=expected)
+    done = [d for d in done if d.rates]
+    if not done:
+        return None
+    by_setting = {t.setting: t for t in cands}
+    pick = choose(done, goal=c.goal, tolerance=c.tolerance,
+                  cost=lambda s: cost(by_setting[s]))
+    best = pick.representative
+    n = len(pick.rates)
+    others = ", ".join(f"{d.setting.label} {d.rate:,.0f}" for d in done if d is not pick)
+    left = max(0, c.cores_per_rank - c.space.cores_used(best.setting))
+    head = (f"confirmed by {n} interleaved re-measurement{'s' if n > 1 else ''} of the top {len(done)}: "
+            f"median {pick.rate:,.0f} samples/s (others: {others})")
+    if c.goal is not None and target_rate is not None:
+        met = pick.rate >= c.goal
+        if met:
+            return best, (f"cheapest setting at >= {c.goal:,.0f} samples/s (target {target_rate:,.0f} + "
+                          f"{headroom:.0%} headroom), {head}; leaves {left} of {c.cores_per_rank} cores "
+                          "per rank to the training process"), True, tuple(done)
+        return best, (f"target {target_rate:,.0f} samples/s not reached: {head}, so input will bound "
+                      "training. Try a smaller image_size, decode='dali', fewer local ranks or a faster disk"
+                      ), False, tuple(done)
+    top = max(done, key=lambda d: d.rate)
+    if pick is not top:
+        head += f"; within the noise of {top.setting.label} and cheaper"
+    return best, f"{head}; leaves {left} of {c.cores_per_rank} cores per rank to training", None, tuple(done)
 
 
 def search(
@@ -364,6 +426,11 @@ def search(
     time_budget: float = 60.0,
     tolerance: float = 0.03,
     patience: int = 2,
+    confirm_top: int = 3,
+    confirm_rounds: int = 2,
+    confirm_fn: Callable[[Setting], Measurement] | None = None,
+    confirm_scale: float = 1.0,
+    confirm_share: float = 0.3,
     clock: Callable[[], float] = time.monotonic,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> SearchOutcome:
@@ -383,6 +450,12 @@ def search(
         time_budget: seconds of measuring; the search stops asking for new trials after it.
         tolerance: smallest relative gain that counts as faster (raised by the noise).
         patience: rungs without a gain before the climb stops.
+        confirm_top: candidates to re-measure in step 5 (fewer than 2: no step 5).
+        confirm_rounds: interleaved re-measurements of each candidate.
+        confirm_fn: measures a candidate in step 5 (default ``measure_fn``; usually longer).
+        confirm_scale: a ``confirm_fn`` trial's length over a ``measure_fn`` trial's (to
+            plan whether a round fits the budget).
+        confirm_share: share of ``time_budget`` kept for step 5.
         clock: monotonic seconds; injectable for tests.
         on_trial: called after every trial (progress output).
 
@@ -400,11 +473,17 @@ def search(
         raise ConfigError(f"max_workers={max_workers} must be >= 0")
     if target_rate is not None and target_rate <= 0:
         raise ConfigError(f"target_rate={target_rate} must be > 0 samples/s")
+    if not 0 <= confirm_share < 1 or confirm_rounds < 0:
+        raise ConfigError(f"confirm_share={confirm_share} must be in [0, 1) and confirm_rounds="
+                          f"{confirm_rounds} >= 0")
+    confirming = confirm_top >= 2 and confirm_rounds >= 1
+    start = clock()
     space = space if space is not None else SearchSpace()
     cores_per_rank = max(1, cores // local_world_size)
     cap = 2 * cores_per_rank if max_workers is None else max_workers
     goal = target_rate * (1 + headroom) if target_rate is not None else None
-    runner = _Runner(measure_fn, time_budget=time_budget, memory_budget=memory_budget,
+    explore = time_budget * (1 - confirm_share) if confirming else time_budget
+    runner = _Runner(measure_fn, time_budget=explore, memory_budget=memory_budget,
                      clock=clock, on_trial=on_trial)
     c = _Ctx(runner, space, cap, goal, tolerance, patience, cores_per_rank)
     out_of_time = False
@@ -421,5 +500,12 @@ def search(
         first = runner.trials[0]
         raise ConfigError(f"tune: no setting could be measured (first: {first.setting.label}: "
                           f"{first.status}); lower the batch size or raise the memory budget")
+    confirmed = None
+    if confirming:
+        confirmed = _confirm(c, confirm_fn, confirm_top, confirm_rounds, confirm_scale,
+                             start + time_budget, target_rate, headroom)
+    if confirmed is not None:
+        chosen, reason, met, done = confirmed
+        return SearchOutcome(tuple(runner.trials), chosen, reason, target_rate, met, out_of_time, done)
     chosen, reason, met = _choose(c, target_rate, headroom)
     return SearchOutcome(tuple(runner.trials), chosen, reason, target_rate, met, out_of_time)

@@ -3,7 +3,8 @@
 :func:`tune` measures the real loader (``fastfeed.loader()``, the same decode and
 augmentation) at candidate settings chosen by :func:`fastfeed.search.search` (climb
 workers while throughput rises, stop on a plateau, then prefetch factor, then the
-decode mode's own knobs), within a time and memory budget, and stores the result where
+decode mode's own knobs, then a longer interleaved re-measure of the top candidates
+that makes the choice), within a time and memory budget, and stores the result where
 ``loader(num_workers="auto", prefetch_factor="auto")`` finds it
 (:mod:`fastfeed.tune_store`). Every measurement goes through :func:`fastfeed.measure.measure`.
 
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import multiprocessing as mp
 import os
+import pickle
 import time
 import warnings
 from dataclasses import replace
@@ -177,6 +180,7 @@ def measure_loader(
     image_size: int | tuple[int, int] | None = None,
     seconds: float = 5.0,
     min_batches: int = 8,
+    min_rounds: int = 4,
     seed: int = 0,
     loader_kwargs: Mapping[str, Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -185,25 +189,96 @@ def measure_loader(
 ) -> Measurement:
     """Measure ``fastfeed.loader()`` at one setting (what tune and the benchmarks run).
 
-    A measurement takes about ``seconds``: at least 60% of it in steady state, and up to
-    3x longer when the setting is so slow that ``seconds`` would not hold two batches per
-    worker after warm-up (see :func:`fastfeed.measure.measure`). Epochs restart (with
-    ``set_epoch``) when the dataset is shorter than the measurement; memory of the main
-    process and its workers is sampled. ``consume`` is called with every batch inside the
+    A measurement times at least ``0.6 x seconds`` of steady state and ``min_rounds``
+    batches per worker, after start-up and warm-up (found from the arrivals, see
+    :func:`fastfeed.measure.measure`), and stops at ``3 x seconds`` in all (then it may
+    come back with ``steady`` False). Epochs restart (with ``set_epoch``) when the
+    dataset is shorter than the measurement; with persistent workers (the loader's
+    default) the epochs are measured as one stream, boundaries included, so a short
+    epoch is not mistaken for its prefetched burst. Memory of the main process and its
+    workers is sampled. ``consume`` is called with every batch inside the
     timed loop (``fastfeed doctor`` simulates a training step with it); ``on_loader`` gets
     the loader before measuring starts (its ``stats`` stay readable afterwards).
+    ``num_workers=0`` with CPU decode (and no callbacks) is measured in a forked child
+    process, so OpenCV's thread pool never starts in this one (see :func:`_in_child`).
 
     Example:
         >>> m = measure_loader("/data/ff", Setting(4, 2), batch_size=256)  # doctest: +SKIP
         >>> m.samples_per_s                                                # doctest: +SKIP
     """
+    if (setting.num_workers == 0 and decode in ("cpu", None) and consume is None and on_loader is None
+            and "fork" in mp.get_all_start_methods()):
+        return _in_child(lambda: _measure_loader(path, setting, batch_size=batch_size, decode=decode,
+                                                 image_size=image_size, seconds=seconds,
+                                                 min_batches=min_batches, min_rounds=min_rounds, seed=seed,
+                                                 loader_kwargs=loader_kwargs, clock=clock))
+    return _measure_loader(path, setting, batch_size=batch_size, decode=decode, image_size=image_size,
+                           seconds=seconds, min_batches=min_batches, min_rounds=min_rounds, seed=seed,
+                           loader_kwargs=loader_kwargs, clock=clock, consume=consume, on_loader=on_loader)
+
+
+def _in_child(fn: Callable[[], Measurement]) -> Measurement:
+    """Run ``fn`` in a forked child process and return its measurement (or raise its error).
+
+    Why: decoding in this process starts OpenCV's thread pool, which is not fork-safe: a
+    DataLoader worker forked after it hangs in its first OpenCV call (``setNumThreads``
+    waits on a condition variable of threads that do not exist in the child). Measuring
+    ``num_workers=0`` in a child keeps this process's decoder unused, so the worker
+    settings measured after it start cleanly. (The decoder now keeps OpenCV single-threaded
+    in every process, which removes the pool; the child stays as a second guard.) Where this
+    process already initialised CUDA (pinned batches), a forked child could not use it, so
+    the measurement runs here.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():  # a forked child cannot use CUDA (pinned memory) any more
+        return fn()
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(fn, send))
+    proc.start()
+    send.close()
+    try:
+        ok, value = recv.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"the num_workers=0 measuring process died (exit code {proc.exitcode})") from None
+    finally:
+        recv.close()
+    proc.join()
+    if not ok:
+        raise value
+    return value
+
+
+def _child_main(fn: Callable[[], Measurement], send: Any) -> None:
+    try:
+        result: tuple[bool, Any] = (True, fn())
+    except Exception as e:  # handed to the parent, which raises it
+        result = (False, e)
+    try:
+        send.send(result)
+    except (TypeError, AttributeError, pickle.PicklingError):  # an error that does not pickle
+        send.send((False, RuntimeError(f"{type(result[1]).__name__}: {result[1]}")))
+    finally:
+        send.close()
+
+
+def _measure_loader(
+    path: str | os.PathLike[str], setting: Setting, *, batch_size: int, decode: str | None,
+    image_size: int | tuple[int, int] | None, seconds: float, min_batches: int, min_rounds: int,
+    seed: int, loader_kwargs: Mapping[str, Any] | None, clock: Callable[[], float],
+    consume: Callable[[Any], None] | None = None, on_loader: Callable[[Any], None] | None = None,
+) -> Measurement:
     from fastfeed.loader import loader as make_loader
 
+    extra = dict(loader_kwargs or {})
+    persistent = setting.num_workers == 0 or bool(extra.get("persistent_workers", True))
     with warnings.catch_warnings():  # tune oversubscribes the cores on purpose
         warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
                                 category=UserWarning)
         dl = make_loader(str(path), batch_size=batch_size, decode=decode, image_size=image_size,
-                         shuffle=True, seed=seed, **setting.loader_kwargs(), **dict(loader_kwargs or {}))
+                         shuffle=True, seed=seed, **setting.loader_kwargs(), **extra)
         if on_loader is not None:
             on_loader(dl)
         epoch = 0
@@ -218,8 +293,8 @@ def measure_loader(
         try:
             return measure(one_epoch, num_workers=setting.num_workers,
                            prefetch_factor=setting.prefetch_factor, min_batches=min_batches,
-                           min_time=0.6 * seconds, min_rounds=2, max_time=3 * seconds,
-                           consume=consume, sample_memory=True, clock=clock)
+                           min_time=0.6 * seconds, min_rounds=min_rounds, max_time=3 * seconds,
+                           persistent=persistent, consume=consume, sample_memory=True, clock=clock)
         finally:
             _shutdown(dl)
 
@@ -238,17 +313,27 @@ def _shutdown(dl: Any) -> None:
 
 
 # ---------------------------------------------------------------------- tune()
+#: Confirmation trials are this much longer than search trials.
+CONFIRM_SCALE = 1.5
+#: Candidates confirmed, and rounds of re-measuring each.
+CONFIRM_TOP, CONFIRM_ROUNDS = 3, 2
+#: Share of the time budget kept for confirmation.
+CONFIRM_SHARE = 0.4
+
+
 def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank: int) -> float:
     """Seconds per measurement so that a typical search fits the budget.
 
     A typical search measures the ladder up to a plateau a little past the cores (at
-    most ~7 rungs), ~3 refine/prefetch points and each knob's values.
+    most ~7 rungs), ~3 refine/prefetch points, each knob's values, and confirms the
+    top candidates with longer trials.
     """
     from fastfeed.tune_space import worker_ladder
 
     rungs = len(space.workers) if space.workers is not None else len(
         [w for w in worker_ladder(cap) if w <= cores_per_rank + 2])
     expected = min(rungs, 7) + 3 + sum(len(k.candidates(cores_per_rank)) - 1 for k in space.knobs)
+    expected += CONFIRM_TOP * CONFIRM_ROUNDS * CONFIRM_SCALE
     return min(20.0, max(1.0, budget / max(1, expected)))
 
 
@@ -291,9 +376,10 @@ def tune(
         memory_budget: what main process + workers may use, e.g. ``"16GB"`` (default:
             half of the usable memory divided by ``LOCAL_WORLD_SIZE``).
         headroom: margin above the target (default 10%).
-        trial_time: seconds to measure each setting (start-up and warm-up included; a
-            very slow setting may take up to 3x); default: the budget divided by the
-            number of settings a search usually needs.
+        trial_time: seconds to measure each setting (steady state for at least 60% of
+            it, after start-up and warm-up; at most 3x in all); default: the budget
+            divided by the number of settings a search usually needs. The top
+            candidates are then re-measured with 1.5x longer trials.
         plot: write throughput against workers to this PNG (needs matplotlib).
         store: store the result for ``loader(num_workers="auto")``.
         store_dir: store there instead of the dataset folder / user cache.
@@ -337,15 +423,20 @@ def tune(
     log.info("tune: %d cores (%d per rank), %.1f s per setting, memory budget %s", cores,
              cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
 
-    def measure_fn(s: Setting) -> Measurement:
+    def measure_fn(s: Setting, seconds: float = per_trial) -> Measurement:
         return measure_loader(index.root or path, s, batch_size=batch_size, decode=decode,
-                              image_size=image_size, seconds=per_trial, seed=seed,
+                              image_size=image_size, seconds=seconds, seed=seed,
                               loader_kwargs=loader_kwargs)
+
+    def confirm_fn(s: Setting) -> Measurement:
+        return measure_fn(s, CONFIRM_SCALE * per_trial)
 
     start = time.monotonic()
     out = search(measure_fn, cores=cores, space=space, local_world_size=ranks,
                  max_workers=max_workers, target_rate=target_rate, headroom=headroom,
-                 memory_budget=mem_budget, time_budget=budget, on_trial=on_trial)
+                 memory_budget=mem_budget, time_budget=budget, confirm_top=CONFIRM_TOP,
+                 confirm_rounds=CONFIRM_ROUNDS, confirm_fn=confirm_fn, confirm_scale=CONFIRM_SCALE,
+                 confirm_share=CONFIRM_SHARE, on_trial=on_trial)
     key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
                           image_size=image_size, local_world_size=ranks)
     m = out.best.measurement
@@ -353,7 +444,7 @@ def tune(
         raise ConfigError("tune: the chosen setting has no measurement")
     result = TuneResult(str(path), key, out.best.setting, m, out.trials, out.reason, target_rate,
                         out.target_met, cores, cores_per_rank, mem_budget, budget,
-                        time.monotonic() - start, out.out_of_time)
+                        time.monotonic() - start, out.out_of_time, confirmed=out.confirmed)
     if store:
         result = _store(result, index, store_dir)
     if plot is not None:

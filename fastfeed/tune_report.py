@@ -41,6 +41,7 @@ class TuneResult:
         time_budget: seconds of measuring allowed; ``elapsed``: seconds the run took.
         out_of_time: the time budget ended the search before it finished.
         stored_at: the file the result was written to, or None.
+        confirmed: the candidates re-measured at the end (``tune_confirm.Confirmed``).
     """
 
     path: str
@@ -58,6 +59,7 @@ class TuneResult:
     elapsed: float
     out_of_time: bool
     stored_at: str | None = None
+    confirmed: tuple[Any, ...] = ()
 
     @property
     def num_workers(self) -> int:
@@ -87,7 +89,7 @@ class TuneResult:
         for t in self.trials:
             m = t.measurement
             rows.append((
-                "*" if t.setting == self.setting else "",
+                "*" if t.measurement is not None and t.measurement is self.measurement else "",
                 t.phase,
                 str(t.setting.num_workers),
                 "-" if t.setting.prefetch_factor is None else str(t.setting.prefetch_factor),
@@ -96,7 +98,7 @@ class TuneResult:
                 f"{m.p10_samples_per_s:,.0f}..{m.p90_samples_per_s:,.0f}" if m else "-",
                 format_bytes(m.memory_bytes) if m and m.memory_bytes is not None else "-",
                 f"{t.seconds:.1f}s",
-                t.status if m is None or m.steady else f"{t.status} (no steady state: short epochs)",
+                t.status if m is None or m.steady else f"{t.status}, NOT STEADY: {m.note}",
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         right = {2, 3, 5, 6, 7, 8}
@@ -110,6 +112,10 @@ class TuneResult:
         lines = [f"chosen: num_workers={s.num_workers} prefetch_factor={s.prefetch_factor}"
                  + "".join(f" {k}={v}" for k, v in s.knobs)
                  + f"  ({self.samples_per_s:,.0f} samples/s)", f"why: {self.reason}"]
+        for c in self.confirmed:
+            rates = ", ".join(f"{r:,.0f}" for r in c.rates)
+            lines.append(f"  confirm {c.setting.label}: median {c.rate:,.0f} samples/s ({rates}; "
+                         f"search saw {c.searched:,.0f})")
         base = self.baseline
         if base is not None and base.rate > 0 and s.num_workers:
             lines.append(f"vs num_workers=0 (PyTorch's default): {self.samples_per_s / base.rate:.1f}x")
@@ -138,6 +144,8 @@ class TuneResult:
             "out_of_time": self.out_of_time,
             "stored_at": self.stored_at,
             "trials": [_trial_json(t) for t in self.trials],
+            "confirmed": [{**c.setting.loader_kwargs(), "median": c.rate, "rates": c.rates,
+                           "searched": c.searched} for c in self.confirmed],
         }
 
 
@@ -161,7 +169,7 @@ def plot_result(result: TuneResult, png: str | os.PathLike[str]) -> Path:
     ax = fig.add_subplot()
     lines: dict[tuple[Any, ...], list[Trial]] = {}
     for t in result.trials:
-        if t.ok:
+        if t.ok and t.phase != "confirm":
             pf = t.setting.prefetch_factor
             lines.setdefault((pf, t.setting.knobs), []).append(t)
     zero = [t for (pf, _), ts in lines.items() if pf is None for t in ts]

@@ -484,7 +484,7 @@ def test_keys_of_names_with_spaces_come_from_the_tar_headers(tmp_path: Path) -> 
     idx = DatasetIndex.load(tmp_path / "ff")
     assert any((tmp_path / "ff" / str(s.dali_index)).read_text().startswith("v1.1") for s in idx.shards)
     table = sample_table(idx)
-    want = [k for b in fastfeed.loader(tmp_path / "ff", batch_size=1, shuffle=False, decode=None)
+    want = [k for b in fastfeed.loader(tmp_path / "ff", batch_size=1, shuffle=False, decode=None, num_workers=0)
             for k in b["__key__"]]
     assert table.keys(np.arange(idx.num_samples)) == want
     assert sorted(k.rsplit("/", 1)[1] for k in want) == sorted(names)

@@ -24,9 +24,12 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import re
 import time
+import weakref
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -62,6 +65,32 @@ log = logging.getLogger(__name__)
 _SAMPLE_NO = re.compile(r"sample #(\d+)")
 _AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
 _TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last table read, reused
+
+
+# A DALI pipeline that is garbage (dropped, in a reference cycle) when the process forks
+# (a DataLoader starting its workers, say) would be destroyed by the child's garbage
+# collector, where its threads do not exist: the child then hangs in the pipeline's
+# destructor. Pipelines are therefore collected in the parent before a fork, and only when
+# one was dropped since the last fork or a loader still exists (no cost for processes that
+# never use DALI).
+_PIPELINES_CHANGED = False
+_LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _collect_before_fork() -> None:
+    global _PIPELINES_CHANGED
+    if _PIPELINES_CHANGED or len(_LOADERS):
+        _PIPELINES_CHANGED = False
+        gc.collect()
+
+
+def _pipelines_changed() -> None:
+    global _PIPELINES_CHANGED
+    _PIPELINES_CHANGED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_collect_before_fork)
 
 
 def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -> SampleTable:
@@ -322,6 +351,7 @@ class DaliLoader:
         pipe, self._pipe, self._stream = self._pipe, None, None
         del pipe  # the pipeline stops (and stops reading what it was fed) before ...
         self._feeder.pending.clear()  # ... the views of the mapped shards are let go
+        _pipelines_changed()
 
     def __enter__(self) -> "DaliLoader":
         return self
@@ -352,6 +382,8 @@ class DaliLoader:
             self._builds += 1
             seed = _pipeline_seed(self.options, epoch, step, self._builds)
             self._pipe = build_pipeline(self._dali, self.options, seed)
+            _pipelines_changed()
+            _LOADERS.add(self)
             self._dynamic = bool(getattr(self._pipe, "exec_dynamic", False))
             for _ in range(self.options.prefetch_queue_depth + _AHEAD):
                 self._feed_one()

@@ -49,6 +49,7 @@ _PREFERRED = ("jpg", "jpeg", "png", "webp")
 # What a bad sample raises (the image decoder turns its libraries' errors into SampleError;
 # a shard reader may raise OSError)
 _BAD_DATA: tuple[type[BaseException], ...] = (SampleError, OSError, ValueError)
+_NO_FIELDS: dict[str, Any] = {}
 
 
 def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
@@ -181,7 +182,7 @@ class CpuDecoder:
                               "pass image_field= or decode=None")
         return found
 
-    def _box(self, u: np.ndarray | None) -> Callable[[int, int], tuple[int, int, int, int]]:
+    def _box(self, u: np.ndarray | list[float] | None) -> Callable[[int, int], tuple[int, int, int, int]]:
         out_h, out_w = self.image_size  # type: ignore[misc]
         if u is None:
             return lambda h, w: center_crop(h, w, out_h, out_w, self.crop_fraction)
@@ -232,18 +233,28 @@ class CpuDecoder:
         out_h, out_w = self.image_size
         buf, arr = batch_buffer((len(samples), out_h, out_w, 3))
         u = self._uniforms(ids, epoch)
+        # per-batch, not per-sample: plain Python floats/bools/ints (numpy scalars are slow
+        # in the per-sample arithmetic), and the field layout worked out once per layout
+        rows: list[Any] = [None] * len(samples) if u is None else u.tolist()
+        flips = [False] * len(samples) if u is None or not self.flip else (u[:, FLIP] < 0.5).tolist()
+        given = None if labels is None else labels.tolist()
+        decode_into, box_of = self.images.decode_into, self._box
         keys: list[str] = []
         labs: list[int] = []
         others: list[dict[str, Any]] = []
         has_label = labels is not None
+        layout: Any = None
+        field, plain = "", False
         for j, s in enumerate(samples):
             try:
-                field = self._field(s)
-                lab = _label_of(s, None if labels is None else int(labels[j]))
-                fields = self._other_fields(s, field)
-                flip = u is not None and self.flip and u[j, FLIP] < 0.5
-                box = self._box(None if u is None else u[j])
-                self.images.decode_into(s[field], arr[len(keys)], box, flip=bool(flip))
+                if s.keys() != layout:
+                    layout = s.keys()
+                    field = self._field(s)
+                    # nothing to decode besides the image and the label: skip the per-sample dict
+                    plain = all(k.startswith("__") or k == field or k == "cls" for k in layout)
+                lab = _label_of(s, None if given is None else given[j])
+                fields = _NO_FIELDS if plain else self._other_fields(s, field)
+                decode_into(s[field], arr[len(keys)], box_of(rows[j]), flip=flips[j])
             except _BAD_DATA as e:
                 if fail is None or isinstance(e, ConfigError):
                     raise

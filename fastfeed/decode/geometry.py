@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def uniforms(*, seed: int, epoch: int, ids: np.ndarray, n: int) -> np.ndarray:
 
 
 def random_resized_crop(
-    height: int, width: int, u: np.ndarray,
+    height: int, width: int, u: np.ndarray | Sequence[float],
     scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> tuple[int, int, int, int]:
     """A RandomResizedCrop box ``(top, left, height, width)`` from a row of :func:`uniforms`.

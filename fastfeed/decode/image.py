@@ -12,6 +12,8 @@ Two backends, picked by ``backend``:
 Either way the crop is chosen first, on the header's size, and the JPEG is decoded at
 the smallest power-of-two DCT reduction (1/2, 1/4, 1/8) that still leaves the crop at
 least as large as the output, which is much cheaper than a full decode plus resize.
+With ``"turbo"``, when the optional extension ``fastfeed._jpegroi`` is built
+(:mod:`fastfeed.decode.roi`), only the crop's region of the JPEG is decoded.
 EXIF orientation is applied (the crop is drawn on the upright image); grayscale, CMYK,
 palette, alpha and 16-bit images come out as 8-bit RGB (alpha dropped, as
 ``Image.convert("RGB")`` does).
@@ -37,6 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fastfeed.decode import roi
 from fastfeed.decode._exif import jpeg_orientation
 from fastfeed.decode.geometry import dct_denominator
 from fastfeed.errors import ConfigError, SampleError, missing_dependency
@@ -51,6 +54,7 @@ BACKENDS = ("auto", "turbo", "pillow")
 Box = Callable[[int, int], tuple[int, int, int, int]]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_JPEG_EOI = b"\xff\xd9"
 _EXIF_ORIENTATION = 0x0112
 
 
@@ -118,6 +122,16 @@ def _to_rgb(im: Any) -> Any:
     return im.convert("RGB")
 
 
+def _pixel_box(rel: tuple[float, float, float, float], H: int, W: int) -> tuple[int, int, int, int]:
+    """A crop given as fractions (top, left, height, width) of an H x W image, in pixels
+    ``(y0, x0, y1, x1)``."""
+    y0 = min(H - 1, int(rel[0] * H))
+    x0 = min(W - 1, int(rel[1] * W))
+    y1 = max(y0 + 1, min(H, int(round((rel[0] + rel[2]) * H))))
+    x1 = max(x0 + 1, min(W, int(round((rel[1] + rel[3]) * W))))
+    return y0, x0, y1, x1
+
+
 class ImageDecoder:
     """Decode image bytes to RGB uint8 arrays, optionally cropping and resizing into ``dst``.
 
@@ -136,6 +150,8 @@ class ImageDecoder:
         self._loaded_pid = -1
         self._sj: Any = None
         self._cv2: Any = None
+        self._roi = False
+        self._scratch = np.empty(0, np.uint8)  # reused by the region decoder
         self._errors: tuple[type[BaseException], ...] = _BAD_IMAGE
 
     def __getstate__(self) -> dict[str, Any]:
@@ -159,15 +175,18 @@ class ImageDecoder:
         self._errors = (*_BAD_IMAGE, Image.DecompressionBombError)
         if self.backend == "pillow" or (self.backend == "auto" and not turbo_available()):
             self._sj = self._cv2 = None
+            self._roi = False
             return
         import cv2
         import simplejpeg
 
-        import torch.utils.data
-
-        if torch.utils.data.get_worker_info() is not None:
-            cv2.setNumThreads(1)  # one decode per worker process; threads only contend
+        # One decode per process, single-threaded OpenCV in every process that decodes (the
+        # main one too): its threads only contend with the other workers, and a thread pool
+        # that exists when DataLoader forks its workers can hang them in OpenCV's next call.
+        if cv2.getNumThreads() != 1:
+            cv2.setNumThreads(1)
         self._sj, self._cv2 = simplejpeg, cv2
+        self._roi = roi.available()
         self._errors = (*self._errors, cv2.error)
 
     # ------------------------------------------------------------------ full decode
@@ -231,6 +250,8 @@ class ImageDecoder:
 
     def _decode_into(self, data: bytes, dst: np.ndarray, box: Box, flip: bool) -> None:
         out_h, out_w = dst.shape[:2]
+        if self._roi and data[:3] == _JPEG_MAGIC and self._roi_into(data, dst, box, flip):
+            return
         if self._sj is not None and data[:3] == _JPEG_MAGIC:
             try:
                 h, w, colorspace, _ = self._sj.decode_jpeg_header(data)
@@ -249,6 +270,40 @@ class ImageDecoder:
             self._resize_cv2(arr, rel, dst, flip)
         else:
             self._resize_pillow(arr, rel, dst, flip)
+
+    def _roi_into(self, data: bytes, dst: np.ndarray, box: Box, flip: bool) -> bool:
+        """Decode only the crop (:mod:`fastfeed.decode.roi`); False leaves it to the full decoders.
+
+        Only for JPEGs that end with their EOI marker (zero padding allowed): a truncated
+        file (or one with other data after the image) goes to the full decoders, so whether
+        it is an error does not depend on where this epoch's crop falls.
+        """
+        if not bytes(data[-64:]).rstrip(b"\0").endswith(_JPEG_EOI):
+            return False
+        head = roi.header(data)
+        if head is None or not head[2]:
+            return False
+        h, w = head[0], head[1]
+        orientation = jpeg_orientation(data)
+        oh, ow = (w, h) if orientation >= 5 else (h, w)
+        top, left, ch, cw = box(oh, ow)
+        out_h, out_w = dst.shape[:2]
+        d = dct_denominator(ch, cw, out_h, out_w)
+        sh, sw = -(-h // d), -(-w // d)  # libjpeg's scaled size
+        H, W = (sw, sh) if orientation >= 5 else (sh, sw)
+        y0, x0, y1, x1 = _pixel_box((top / oh, left / ow, ch / oh, cw / ow), H, W)
+        rect = (y0, x0, y1 - y0, x1 - x0)
+        if orientation != 1:
+            rect = roi.stored_rect(rect, orientation=orientation, stored_hw=(sh, sw))
+        if self._scratch.size < rect[2] * rect[3] * 3:
+            self._scratch = np.empty(rect[2] * rect[3] * 3, np.uint8)
+        crop = roi.decode_crop(data, d, rect, self._scratch)
+        if crop is None:
+            return False
+        if orientation != 1:
+            crop = _orient(crop, orientation)
+        self._resize_crop(crop, dst, flip)
+        return True
 
     def _pillow(self, data: bytes, box: Box, out: tuple[int, int] | None
                 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
@@ -276,19 +331,32 @@ class ImageDecoder:
 
     def _resize_cv2(self, arr: np.ndarray, rel: tuple[float, float, float, float],
                     dst: np.ndarray, flip: bool) -> None:
+        y0, x0, y1, x1 = _pixel_box(rel, *arr.shape[:2])
+        self._resize_crop(arr[y0:y1, x0:x1], dst, flip)
+
+    def _resize_crop(self, crop: np.ndarray, dst: np.ndarray, flip: bool) -> None:
+        """Resize ``crop`` into ``dst`` with OpenCV, anti-aliased when shrinking 2x or more; flip.
+
+        While a side is at least twice the output, that side is halved by averaging pixel
+        pairs (an odd row count loses the last row, an odd column count the first column):
+        both sides with OpenCV's 2x2 ``INTER_AREA`` fast path, one side with
+        ``INTER_LINEAR`` at exactly 2x, which is the same pair average. What is left (< 2x)
+        is bilinear. That keeps ``INTER_AREA``'s anti-aliasing at a fraction of its cost at
+        other ratios (~1.3 ms vs ~0.45 ms for a 460x300 crop to 224x224 here).
+        """
         cv2 = self._cv2
-        H, W = arr.shape[:2]
         out_h, out_w = dst.shape[:2]
-        y0 = min(H - 1, int(rel[0] * H))
-        x0 = min(W - 1, int(rel[1] * W))
-        y1 = max(y0 + 1, min(H, int(round((rel[0] + rel[2]) * H))))
-        x1 = max(x0 + 1, min(W, int(round((rel[1] + rel[3]) * W))))
-        crop = arr[y0:y1, x0:x1]
-        # area averaging where the crop is much larger than the output (no aliasing);
-        # bilinear otherwise, which DCT scaling makes the common case (and ~5x cheaper)
-        big = (y1 - y0) >= 2 * out_h or (x1 - x0) >= 2 * out_w
-        interp = cv2.INTER_AREA if big else cv2.INTER_LINEAR
-        cv2.resize(crop, (out_w, out_h), dst=dst, interpolation=interp)
+        ch, cw = crop.shape[:2]
+        while ch >= 2 * out_h or cw >= 2 * out_w:
+            fy = 2 if ch >= 2 * out_h else 1
+            fx = 2 if cw >= 2 * out_w else 1
+            ty, tx = ch % fy, cw % fx
+            if ty or tx:
+                crop = crop[: ch - ty, tx: cw]  # one row at the bottom, one column at the left
+            ch, cw = ch // fy, cw // fx
+            interp = cv2.INTER_AREA if fy == fx == 2 else cv2.INTER_LINEAR
+            crop = cv2.resize(crop, (cw, ch), interpolation=interp)
+        cv2.resize(crop, (out_w, out_h), dst=dst, interpolation=cv2.INTER_LINEAR)
         if flip:
             cv2.flip(dst, 1, dst=dst)  # in place
 
