@@ -68,7 +68,7 @@ s3)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-s3 "$W"/*.whl || exit 1
   PYTHONPATH=/tmp/site-s3:$PYTHONPATH taskset -c ${S3_CORES:-16-31} python3 benchmarks/loader_s3.py \
       --images ${S3_IMAGES:-8000} --workers 14 --batch 128 --io-only --repeat ${S3_REPEAT:-2} \
-      --min-time 4 --max-time 15 --data /tmp/s3-bench --json "$OUT/loader_s3.json" 2>&1 | tail -40 | tee "$OUT/loader_s3.log" ;;
+      --min-time 4 --max-time 15 --data /tmp/s3-bench --json "$OUT/loader_s3.json" 2>&1 | tee "$OUT/loader_s3.log" ;;
 loadercpu)
   # issue 3 on 16 cores: fastfeed vs torchvision ImageFolder (PIL and torchvision.io) and webdataset,
   # 14 workers each, generated ImageNet-like JPEGs (FFCV is not installable there; it is measured on python).
@@ -77,7 +77,7 @@ loadercpu)
       "$W"/webdataset-*.whl "$W"/braceexpand-*.whl "$W"/pyyaml-*.whl || exit 1
   PYTHONPATH=/tmp/site-wds:$PYTHONPATH taskset -c ${LC_CORES:-0-15} python3 benchmarks/loader_cpu.py --datasets synth \
       --peers fastfeed,imagefolder,imagefolder-tvio,webdataset --caches warm --workers 14 --time 10 \
-      --repeat ${LC_REPEAT:-2} --json "$OUT/loader_cpu.json" 2>&1 | tail -40 | tee "$OUT/loader_cpu.log" ;;
+      --repeat ${LC_REPEAT:-2} --json "$OUT/loader_cpu.json" 2>&1 | tee "$OUT/loader_cpu.log" ;;
 roi)
   # issue 3: region-of-interest JPEG decoding. Builds the optional C extension fastfeed/_jpegroi in place
   # for this python (needs gcc, jpeglib.h and Python.h; without them the loader decodes whole images and
