@@ -87,6 +87,28 @@ def stdlib_tokens() -> np.ndarray:
     return np.clip(np.array(counts, dtype=np.int64), 8, 4096)
 
 
+def python_tokens() -> np.ndarray:
+    """A larger real corpus offline, built the same way as :func:`stdlib_tokens` from every
+    .py file of this Python's standard library and installed packages (site-packages: torch,
+    numpy, ...; ~1M blocks in the dev venv). Which packages are installed changes its size, so
+    its figures are quoted with the sample count."""
+    roots = [Path(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                               sysconfig.get_paths()["platlib"]}]
+    counts: list[int] = []
+    seen: set[Path] = set()
+    for root in sorted(roots):
+        for p in sorted(root.rglob("*.py")):
+            if p in seen:
+                continue
+            seen.add(p)
+            try:
+                text = p.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            counts += [n for n in (len(b.split()) for b in text.split("\n\n")) if n >= 8]
+    return np.clip(np.array(counts, dtype=np.int64), 8, 4096)
+
+
 # ----------------------------------------------------------------------------- baselines
 def plan_from_batches(lengths: np.ndarray, batches: list[np.ndarray], W: int) -> Plan:
     """Global batches (in run order, batch k -> rank k % W, missing ones empty) as a Plan."""
@@ -241,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     # the stdlib corpus is small (~86k blocks, mean ~30 tokens): a 2048-token budget keeps
     # enough steps per epoch at 64 ranks for the figures to mean something
     dists = {"lognormal(5,1)[16,1024]": lambda: lognormal(args.n), "python-stdlib tokens": stdlib_tokens,
-             "bimodal 64/900": lambda: bimodal(args.n), f"zipf tail to {BUDGET}": lambda: zipf_tail(args.n)}
-    budgets = {"python-stdlib tokens": 2048}
+             "bimodal 64/900": lambda: bimodal(args.n), f"zipf tail to {BUDGET}": lambda: zipf_tail(args.n),
+             "python-all tokens": python_tokens}
+    budgets = {"python-stdlib tokens": 2048, "python-all tokens": 2048}
     if args.only:
         dists = {k: v for k, v in dists.items() if any(o in k for o in args.only.split(","))}
     rows = []
