@@ -37,7 +37,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -70,15 +70,11 @@ def zipf_tail(n: int, seed: int = 0) -> np.ndarray:
     return np.clip(32 * rng.zipf(1.6, n), 16, BUDGET).astype(np.int64)
 
 
-def stdlib_tokens() -> np.ndarray:
-    """A real corpus offline: whitespace token counts of the blank-line separated blocks
-    of the Python standard library's .py files (a few hundred thousand "documents" with
-    a natural heavy tail), blocks of fewer than 8 tokens dropped, cut at 4096."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+def _block_tokens(files: Iterable[Path]) -> np.ndarray:
+    """Whitespace token counts of the blank-line separated blocks of ``files``; blocks of
+    fewer than 8 tokens dropped, cut at 4096."""
     counts: list[int] = []
-    for p in sorted(root.rglob("*.py")):
-        if "site-packages" in p.parts:
-            continue
+    for p in files:
         try:
             text = p.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -87,26 +83,21 @@ def stdlib_tokens() -> np.ndarray:
     return np.clip(np.array(counts, dtype=np.int64), 8, 4096)
 
 
+def stdlib_tokens() -> np.ndarray:
+    """A real corpus offline: the blocks (:func:`_block_tokens`) of the Python standard
+    library's .py files (~86k "documents" with a natural heavy tail)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return _block_tokens(p for p in sorted(root.rglob("*.py")) if "site-packages" not in p.parts)
+
+
 def python_tokens() -> np.ndarray:
-    """A larger real corpus offline, built the same way as :func:`stdlib_tokens` from every
-    .py file of this Python's standard library and installed packages (site-packages: torch,
-    numpy, ...; ~1M blocks in the dev venv). Which packages are installed changes its size, so
-    its figures are quoted with the sample count."""
-    roots = [Path(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                               sysconfig.get_paths()["platlib"]}]
-    counts: list[int] = []
-    seen: set[Path] = set()
-    for root in sorted(roots):
-        for p in sorted(root.rglob("*.py")):
-            if p in seen:
-                continue
-            seen.add(p)
-            try:
-                text = p.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            counts += [n for n in (len(b.split()) for b in text.split("\n\n")) if n >= 8]
-    return np.clip(np.array(counts, dtype=np.int64), 8, 4096)
+    """A larger real corpus offline: the blocks of every .py file of this Python's standard
+    library and installed packages (site-packages: torch, numpy, ...; ~1M blocks in the dev
+    venv). Which packages are installed changes its size, so its figures are quoted with
+    the sample count."""
+    paths = sysconfig.get_paths()
+    roots = sorted({Path(paths[k]) for k in ("stdlib", "purelib", "platlib")})
+    return _block_tokens(sorted({p for root in roots for p in root.rglob("*.py")}))
 
 
 # ----------------------------------------------------------------------------- baselines
