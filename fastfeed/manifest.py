@@ -22,12 +22,22 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable
 
-from fastfeed.errors import BadFileError, DuplicateKeyError, SourceError, UnsafePathError
+from fastfeed.errors import BadFileError, ConfigError, DuplicateKeyError, SourceError, UnsafePathError
 from fastfeed.images import IMAGE_EXTS, field_ext
 from fastfeed.remote import is_url
-from fastfeed.walk import Member, Problems, SampleSpec, Source, _open, _readable, key_problem, show
+from fastfeed.walk import (
+    MANIFEST_SUFFIXES,
+    Member,
+    Problems,
+    SampleSpec,
+    Source,
+    _open,
+    _readable,
+    key_problem,
+    show,
+)
 
-__all__ = ["member_name", "read_manifest"]
+__all__ = ["manifest_source", "member_name", "read_manifest"]
 
 _PATHLIKE = re.compile(r"[^\n\r\0]{1,1024}\.[A-Za-z0-9]{1,10}")
 
@@ -61,6 +71,24 @@ def _manifest_lines(path: Path) -> Iterable[tuple[int, int, bytes]]:
         for n, line in enumerate(f):
             yield n, offset, line
             offset += len(line)
+
+
+def manifest_source(path: Any, kind: str | None, problems: Problems, *, noun: str = "file",
+                    container: str = "folder") -> Source:
+    """The source of ``pack`` when SRC is one file (or object): a JSONL manifest.
+
+    Raises:
+        ConfigError: ``--input`` asks for a folder layout, or the name is not a manifest's
+            (``.jsonl``/``.ndjson``/``.jsonlines``) and ``--input jsonl`` was not given.
+    """
+    shown = show(str(path))
+    if kind not in (None, "jsonl"):
+        raise ConfigError(f"{shown}: is a {noun}, but --input {kind} needs a {container}")
+    if kind is None and not str(path).lower().endswith(MANIFEST_SUFFIXES):
+        raise ConfigError(f"{shown}: is a {noun}; pass a {container}, or a JSONL manifest "
+                          "(name it .jsonl or pass --input jsonl)")
+    problems.src = str(path.parent)
+    return read_manifest(path, problems)
 
 
 def read_manifest(path: Path, problems: Problems) -> Source:

@@ -169,7 +169,7 @@ def scan_url(url: str, *, input: str | None, on_error: str, length: str | None =
              probe_threads: int = 8) -> Any:
     """:func:`fastfeed.walk.scan` for a prefix or a JSONL manifest on object storage."""
     from fastfeed import walk
-    from fastfeed.manifest import read_manifest
+    from fastfeed.manifest import manifest_source
 
     _LISTED.clear()
     _LISTED_DIRS.clear()
@@ -185,13 +185,7 @@ def _scan(walk: Any, path: UrlPath, kind: str | None, on_error: str, length: str
     problems = walk.Problems(on_error, str(path))
     info = stat(path)
     if info is not None:  # an object: a manifest
-        if kind not in (None, "jsonl"):
-            raise ConfigError(f"{path}: is an object, but --input {kind} needs a prefix (a folder)")
-        if kind is None and not path.lower().endswith(walk.MANIFEST_SUFFIXES):
-            raise ConfigError(f"{path}: is an object; pass a prefix, or a JSONL manifest "
-                              "(name it .jsonl or pass --input jsonl)")
-        problems.src = str(path.parent)
-        source = read_manifest(path, problems)
+        source = manifest_source(path, kind, problems, noun="object", container="prefix (a folder)")
     elif kind == "jsonl":
         raise ConfigError(f"{path}: is a prefix, but --input jsonl needs a manifest object")
     else:

@@ -470,15 +470,9 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
     problems = Problems(on_error, str(path))
     kind = input
     if path.is_file():
-        if kind not in (None, "jsonl"):
-            raise ConfigError(f"{show(str(path))}: is a file, but --input {kind} needs a folder")
-        if kind is None and path.suffix.lower() not in MANIFEST_SUFFIXES:
-            raise ConfigError(f"{show(str(path))}: is a file; pass a folder, or a JSONL manifest "
-                              "(name it .jsonl or pass --input jsonl)")
-        problems.src = str(path.parent)
-        from fastfeed.manifest import read_manifest  # imports this module's types
+        from fastfeed.manifest import manifest_source  # imports this module's types
 
-        source = read_manifest(path, problems)
+        source = manifest_source(path, kind, problems)
     elif kind == "jsonl":
         raise ConfigError(f"{show(str(path))}: is a folder, but --input jsonl needs a manifest file")
     else:
