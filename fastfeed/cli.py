@@ -271,11 +271,7 @@ def _add_tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-budget", default="60s", help="measuring time, e.g. 60s or 2m (default 60s)")
     p.add_argument("--max-workers", type=int, default=None,
                    help="cap on workers (default: twice the cores per rank)")
-    goal = p.add_mutually_exclusive_group()
-    goal.add_argument("--target-rate", type=float, default=None, metavar="SAMPLES_PER_S",
-                      help="what one rank's training consumes: pick the cheapest setting that feeds it")
-    goal.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
-                      help="the training step time per batch (target = batch size / step time)")
+    _add_demand(p, "what one rank's training consumes: pick the cheapest setting that feeds it")
     p.add_argument("--memory-budget", default=None,
                    help="main + worker memory a setting may use, e.g. 16GB (default: half the "
                         "memory / LOCAL_WORLD_SIZE)")
@@ -325,15 +321,19 @@ _DOCTOR_HELP = ("measure storage, decode, the loader and rank balance on their o
                 "that limits training, with the figures and the fix")
 
 
+def _add_demand(p: argparse.ArgumentParser, rate_help: str) -> None:
+    """--target-rate / --step-time: what the training consumes (tune and doctor)."""
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument("--target-rate", type=float, default=None, metavar="SAMPLES_PER_S", help=rate_help)
+    goal.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+                      help="one rank's training step time per batch (demand = batch size / step time)")
+
+
 def _add_doctor(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", metavar="DST", help="a packed dataset (folder or URL), or WebDataset tars")
     p.add_argument("--source", default=None, metavar="RAW_FOLDER",
                    help="the raw folder DST was packed from: also measure its small-file reads")
-    goal = p.add_mutually_exclusive_group()
-    goal.add_argument("--target-rate", type=float, default=None, metavar="SAMPLES_PER_S",
-                      help="what one rank's training consumes, in samples/s")
-    goal.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
-                      help="one rank's training step time (demand = batch size / step time)")
+    _add_demand(p, "what one rank's training consumes, in samples/s")
     p.add_argument("--world-size", type=int, default=None, metavar="W",
                    help="ranks, for the length balance (default: WORLD_SIZE, else 1)")
     p.add_argument("--batch-size", type=int, default=256, help="per-rank batch size (default 256)")
