@@ -64,6 +64,15 @@ tune)
 s3)
   # issue 3 on 16 cores (CPU only): shards on S3 (moto on 127.0.0.1) vs one GET per image. Needs the
   # S3 wheels (.whl-s3, cp312) sent first: carry [".whl-s3"], command: cp -r .whl-s3 /tmp/whl-s3
+  # Build .whl-s3 here (git-ignored) from the dev venv's versions, ~34 MB:
+  #   .venv/bin/pip freeze | grep -iE '^(aiobotocore|aiohappyeyeballs|aiohttp|aioitertools|aiosignal|attrs|blinker|
+  #     boto3|botocore|braceexpand|certifi|cffi|charset-normalizer|click|cryptography|Flask|flask-cors|frozenlist|
+  #     fsspec|idna|itsdangerous|Jinja2|jmespath|MarkupSafe|moto|multidict|propcache|py-partiql-parser|pycparser|
+  #     python-dateutil|PyYAML|requests|responses|s3fs|s3transfer|six|urllib3|webdataset|Werkzeug|wrapt|xmltodict|
+  #     yarl|typing_extensions|jsonpath-ng)==' > /tmp/s3req.txt   (one line)
+  #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  #     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  #     --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 -d .whl-s3 -r /tmp/s3req.txt
   W=/tmp/whl-s3; [ -d .whl-s3 ] && W=.whl-s3
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-s3 "$W"/*.whl || exit 1
   PYTHONPATH=/tmp/site-s3:$PYTHONPATH taskset -c ${S3_CORES:-16-31} python3 benchmarks/loader_s3.py \
