@@ -15,11 +15,12 @@ benchmark, masking does not change the padded FLOPs):
   ff-tokens       DistributedTokenBudgetSampler(cost="tokens")
   ff-attention    DistributedTokenBudgetSampler(cost="attention", d_model=width)
   ff-fitted       DistributedTokenBudgetSampler(cost=calibrate(step, features="padded"))
-packed / varlen inputs (all sequences of a batch concatenated; attention per sequence
-through a jagged nested tensor + SDPA, i.e. cu_seqlens without flash-attn, given its
-min/max sequence length so no layer syncs the host; where this torch/GPU cannot run that
-forward + backward, one SDPA per group of equal-length sequences, said on stdout and in
-the JSON):
+packed / varlen inputs (all sequences of a batch concatenated, attention per sequence
+from cu_seqlens; ``--varlen-impl``: ``flash`` = torch.nn.attention.varlen.varlen_attn, the
+flash-attention varlen kernel on [T, H, D] (torch >= 2.10, CUDA); ``nested`` = a jagged
+nested tensor + SDPA given its min/max length so no layer syncs the host (more host work
+per layer); ``auto`` = flash where it runs a forward + backward here, else nested, else one
+SDPA per group of equal-length sequences; the choice is printed and in the JSON):
   ds-fixed-varlen, ff-varlen (cost="varlen"), ff-fitted-varlen (calibrated, "varlen")
 
 Attention backend (``--sdpa``): torch >= 2.9 prefers cuDNN attention on H100/H200. cuDNN
@@ -82,14 +83,14 @@ import torch.nn.functional as F  # noqa: E402
 import fastfeed  # noqa: E402
 from fastfeed.costmodel import CostModel  # noqa: E402
 
-#: varlen attention: jagged nested tensors, or (if this torch/GPU lacks them) per-length groups
+#: varlen attention: "flash" (varlen_attn), "nested" (jagged nested tensors) or "groups" (per-length SDPA)
 VARLEN: dict[str, Any] = {"impl": "nested", "groups": None}
 
 CONTROL = ["equal-work"]
 PADDED = ["ds-fixed", "ff-bucket", "ff-tokens", "ff-attention", "ff-fitted"]
 VARLEN_CONFIGS = ["ds-fixed-varlen", "ff-varlen", "ff-fitted-varlen"]
 
-#: (offsets on the device, shortest, longest) of a packed batch
+#: (offsets on the device: int64 for nested tensors, int32 for varlen_attn; shortest; longest) of a packed batch
 Packed = tuple[torch.Tensor, int, int]
 
 
@@ -110,6 +111,11 @@ class Block(nn.Module):
             return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, L, -1)
         offsets, lo, hi = packed
         T = h.shape[0]
+        if VARLEN["impl"] == "flash":  # flash-attention varlen kernel on [T, H, D] + cu_seqlens
+            from torch.nn.attention.varlen import varlen_attn
+
+            q, k, v = h.view(T, 3, H, -1).unbind(1)
+            return varlen_attn(q, k, v, offsets, offsets, hi, hi).reshape(T, -1)
         parts = [p.contiguous() for p in h.view(T, 3, H, -1).unbind(1)]  # q, k, v: [T, H, D]
         if VARLEN["groups"] is None:  # packed [T, 3d] + cu_seqlens: jagged nested tensors
             # min/max given: otherwise each layer's SDPA computes them with a host sync
@@ -181,8 +187,8 @@ class Trainer:
             return ev
         return time.perf_counter()
 
-    def _to_device(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    def _to_device(self, a: np.ndarray, dtype: Any = np.int64) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
         if self.cuda:  # pinned + non_blocking: no host sync, the CPU keeps queueing ahead
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
@@ -192,8 +198,9 @@ class Trainer:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.cuda):
             if varlen:
                 tokens = torch.randint(0, a.vocab, (int(ls.sum()),), device=dev, generator=self.gen)
-                offsets = self._to_device(np.concatenate([[0], np.cumsum(ls)]))
-                VARLEN["groups"] = None if VARLEN["impl"] == "nested" else length_groups(ls, dev)
+                offsets = self._to_device(np.concatenate([[0], np.cumsum(ls)]),
+                                          np.int32 if VARLEN["impl"] == "flash" else np.int64)
+                VARLEN["groups"] = length_groups(ls, dev) if VARLEN["impl"] == "groups" else None
                 logits = self.model(tokens, (offsets, int(ls.min()), int(ls.max())))
                 return F.cross_entropy(logits.float(), tokens, reduction="sum") / real
             tokens = torch.randint(0, a.vocab, (len(ls), L), device=dev, generator=self.gen)
@@ -205,10 +212,12 @@ class Trainer:
     def step(self, lengths: np.ndarray, varlen: bool, record: bool = True) -> None:
         lengths = np.asarray(lengths, dtype=np.int64)
         n, L, real = len(lengths), int(lengths.max()), int(lengths.sum())
+        h0 = time.perf_counter()
         t0 = self._now()
         for part in micro_batches(lengths, varlen, self.args.max_micro_tokens):
             self._loss(lengths[part], L, varlen, real).backward()  # every chunk padded to the batch's L
         t1 = self._now()
+        host = time.perf_counter() - h0  # the CPU's time to queue forward + backward
         dist.all_reduce(self.barrier_token)  # returns when the slowest rank has arrived
         t2 = self._now()
         grads = [p.grad for p in self.params]
@@ -221,7 +230,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         t3 = self._now()
         if record:
-            self.records.append((t0, t1, t2, t3, n, L, real, int((lengths * lengths).sum())))
+            self.records.append((t0, t1, t2, t3, n, L, real, int((lengths * lengths).sum()), host))
 
     def timings(self) -> dict[str, Any]:
         """Per measured step (seconds): compute, barrier wait, comm + optimizer, cycle; and the batch features."""
@@ -238,7 +247,7 @@ class Trainer:
         return {"compute": [el(r[0], r[1]) for r in recs], "wait": [el(r[1], r[2]) for r in recs],
                 "comm": [el(r[2], r[3]) for r in recs], "cycle": cycle,
                 "n": [r[4] for r in recs], "max": [r[5] for r in recs], "sum": [r[6] for r in recs],
-                "sumsq": [r[7] for r in recs]}
+                "sumsq": [r[7] for r in recs], "host": [r[8] for r in recs]}
 
 
 def length_groups(lengths: np.ndarray, dev: torch.device) -> list[tuple[int, torch.Tensor]]:
@@ -251,15 +260,33 @@ def length_groups(lengths: np.ndarray, dev: torch.device) -> list[tuple[int, tor
     return out
 
 
-def probe_varlen(trainer: "Trainer") -> None:
-    """Use nested tensors for varlen attention if a forward + backward works here."""
-    try:
-        trainer.step(np.array([5, 9, 3]), varlen=True, record=False)
-    except (RuntimeError, NotImplementedError) as e:
-        VARLEN["impl"] = "groups"
+def probe_varlen(trainer: "Trainer", wanted: str) -> None:
+    """Pick the varlen attention: ``wanted`` if a forward + backward runs here, else the next fallback.
+
+    ``auto`` tries flash (``varlen_attn``, CUDA only), then nested tensors, then per-length groups.
+    All ranks probe the same batch and agree on the first implementation that runs on every rank.
+    """
+    order = {"auto": ["flash", "nested", "groups"], "flash": ["flash"], "nested": ["nested", "groups"]}[wanted]
+    if not trainer.cuda and "flash" in order and len(order) > 1:
+        order.remove("flash")
+    for impl in order:
+        VARLEN["impl"] = impl
+        ok, why = True, ""
+        try:
+            trainer.step(np.array([5, 9, 3]), varlen=True, record=False)
+        except (RuntimeError, NotImplementedError, ImportError, AttributeError, TypeError) as e:
+            ok, why = False, str(e).splitlines()[0] if str(e) else type(e).__name__
+            trainer.opt.zero_grad(set_to_none=True)
+        everyone = torch.tensor([int(ok)], device=trainer.device)
+        dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+        if everyone.item():
+            break
         if dist.get_rank() == 0:
-            print(f"varlen attention: nested tensors unavailable ({str(e).splitlines()[0]}); "
-                  "using one SDPA per group of equal-length sequences", flush=True)
+            print(f"varlen attention: {impl} unavailable here ({why or 'on another rank'})", flush=True)
+    else:
+        raise SystemExit(f"varlen attention: none of {order} runs a forward + backward here")
+    if dist.get_rank() == 0:
+        print(f"varlen attention: {VARLEN['impl']}", flush=True)
 
 
 # ----------------------------------------------------------------------------- attention backend
@@ -489,6 +516,7 @@ def summarise(name: str, everyone: list[dict[str, Any]], wall: float, steps: int
         "imbalance_share_mean": float(imbalance.mean()), "imbalance_share_max": float(imbalance.max()),
         "compute_ms": 1000 * float(get["compute"].mean()), "comm_ms": 1000 * float(get["comm"].mean()),
         "cycle_ms": 1000 * float(get["cycle"].mean()),
+        "host_queue_ms_per_rank": [1000 * float(np.mean(e["host"])) for e in everyone],
         "padding_efficiency": real / padded, "real_tokens_per_step": real / steps, **info}
     if "peak_gib" in everyone[0]:
         row.update(peak_gib=max(e["peak_gib"] for e in everyone),
@@ -523,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time SDPA's first vs cached call on new shapes per backend (padded layout)")
     ap.add_argument("--sdpa", default="flash", choices=["flash", "default"],
                     help="flash: cuDNN attention off (no per-shape plan builds); default: torch's choice")
+    ap.add_argument("--varlen-impl", default="auto", choices=["auto", "flash", "nested"],
+                    help="varlen attention: flash = varlen_attn (CUDA), nested = jagged nested tensors + SDPA")
     ap.add_argument("--max-micro-tokens", type=int, default=98304,
                     help="larger batches run as gradient-accumulated row chunks (memory)")
     ap.add_argument("--shapes", type=int, default=32, help="calibration shapes")
@@ -559,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(args, device)
     configs = args.configs.split(",")
     if any(c.partition("@")[0].endswith("varlen") for c in configs):
-        probe_varlen(trainer)
+        probe_varlen(trainer, args.varlen_impl)
     rows = []
     if rank == 0:
         print(f"world {W} x {args.device}, model {args.layers}x{args.width}, "
@@ -582,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_pct(r.get('train_model_median_ape')):>10}", flush=True)
     if rank == 0:
         base = {r["config"]: r["tokens_per_s"] for r in rows}
-        print("per config: wait share per rank | peak GiB | allocator retries | padded SDPA backend | speed-up"
+        print("per config: wait share per rank | CPU time to queue forward+backward per rank | peak GiB | allocator retries | padded SDPA backend | speed-up"
               " | calibration", flush=True)
         for r in rows:
             ref = base.get("ds-fixed-varlen" if r["config"].partition("@")[0].endswith("varlen") else "ds-fixed")
@@ -594,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                          f" model vs training steps: median {_pct(r['train_model_median_ape'])},"
                          f" p90 {_pct(r['train_model_p90_ape'])}, bias {r['train_model_bias']:+.1%}")
             speed = f" | {r['speedup_vs_ds_fixed']:.2f}x ds-fixed" if r["speedup_vs_ds_fixed"] else ""
-            print(f"  {r['config']:<18}{' '.join(_pct(w) for w in r['wait_share_per_rank'])} | "
+            host = "/".join(f"{h:.0f}" for h in r["host_queue_ms_per_rank"])
+            print(f"  {r['config']:<18}{' '.join(_pct(w) for w in r['wait_share_per_rank'])} | host queue ms {host} | "
                   f"{r.get('peak_gib', float('nan')):.1f} | {r.get('alloc_retries', '-')} | "
                   f"{r['sdpa_padded_backend']}{speed}{extra}", flush=True)
         out = {"ddp_tokens": {"device": torch.cuda.get_device_name() if cuda else "cpu",

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_runs.sh scaling   # issue 8: image workload on 1 and 2 GPUs
 #   bash benchmarks/gpu_runs.sh tokens    # issues 4/10/8: ddp_tokens on 2 GPUs, token scaling 1 -> 2 (~4.5 min)
 #   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores (~7 min)
+#   bash benchmarks/gpu_runs.sh dalivar   # issue 6: DALI decoder options one at a time (dali_variants.py, ~2 min)
 #   bash benchmarks/gpu_runs.sh roi       # issue 3: build fastfeed/_jpegroi there, per-core decode (~1.5 min)
 #
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
@@ -15,10 +16,13 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16="0-15"
-stage=${1:?stage: dali|scaling|tokens|tune|s3|loadercpu|roi}
+stage=${1:?stage: dali|dalivar|scaling|tokens|tune|s3|loadercpu|roi}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log" ;;
+dalivar)
+  taskset -c $CORES16 python3 benchmarks/dali_variants.py --json "$OUT/dali_variants.json" ${DALIVAR_ARGS:-} 2>&1 \
+      | tee "$OUT/dali_variants.log" ;;
 scaling)
   D=/tmp/scaling-data
   [ -f $D/shards/index.json ] || python3 benchmarks/scaling.py prepare --source .dali-bench/imagenet-sample \
