@@ -15,7 +15,7 @@ set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
-CORES16="0-15"
+CORES16=${CORES16:-0-15}  # the cores of the 16-core stages (dali, dalivar, tune, roi)
 stage=${1:?stage: dali|dalivar|scaling|tokens|tune|s3|loadercpu|roi}
 case "$stage" in
 dali)
