@@ -16,7 +16,9 @@ Strategy (far fewer measurements than a grid)
        runs out (measured, or predicted from the memory per worker seen so far);
     2. **refine** between the best rung and its neighbours (one bisection each way);
     3. **prefetch factor**: try larger (4, then 8 while it helps); try 1 only when memory
-       binds; re-check the neighbouring worker counts if the factor changed;
+       binds; re-check the neighbouring worker counts if the factor changed. Without a
+       target this runs from the refined setting and, when refine preferred a cheaper tie,
+       from the fastest worker count too (deeper prefetch pays off at the plateau);
     4. **decode knobs**: one coordinate pass over each knob's values;
     5. **confirm**: the top 2-3 candidates are measured again, longer and interleaved,
        and the choice is made on those medians (:mod:`fastfeed.tune_confirm`). Steps 1-4
@@ -282,6 +284,28 @@ def _refine(c: _Ctx, best: Trial) -> Trial:
     return best
 
 
+def _prefetch_from_fastest(c: _Ctx, best: Trial) -> Trial:
+    """Step 3 from ``best`` and, without a target, also from the fastest worker count measured.
+
+    The refine step may hand over a cheaper setting that ties the fastest within the noise
+    (e.g. 14 workers for 20). Prefetch depth pays off at the plateau, so trying it only at the
+    cheaper count can miss the best combination: a grid on 16 cores found 20-21 workers x
+    prefetch 4 best while the search, after preferring 14 workers, tried prefetch 4 only there.
+    """
+    out = _prefetch(c, best)
+    if c.goal is not None:
+        return out
+    ok = [t for t in c.run.trials if t.ok and t.setting.knobs == best.setting.knobs
+          and t.setting.num_workers > 0]
+    if not ok:
+        return out
+    top = max(ok, key=lambda t: t.rate)
+    if top.setting.num_workers == best.setting.num_workers:
+        return out
+    other = _prefetch(c, top)
+    return other if c.better(other, out) else out
+
+
 def _memory_bound(c: _Ctx, best: Trial) -> bool:
     budget = c.run.memory_budget
     if not budget:
@@ -491,7 +515,7 @@ def search(
         best = _climb(c)
         if best is not None:
             best = _refine(c, best)
-            best = _prefetch(c, best)
+            best = _prefetch_from_fastest(c, best)
             _knobs(c, best)
     except _OutOfTime:
         out_of_time = True

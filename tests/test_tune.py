@@ -281,6 +281,23 @@ def test_search_noisy_curve_reaches_95_percent_of_best() -> None:
         assert len([t for t in out.trials if t.phase != "confirm"]) <= 14
 
 
+def deep_prefetch_at_plateau(s: Setting) -> float:
+    """Flat within 2% from 12 workers on; prefetch 4+ adds 15% only from 16 workers up."""
+    w, p = s.num_workers, s.prefetch_factor or 2
+    base = 80.0 * min(w, 12) + (1 + 0.001 * max(0, w - 12))
+    return base * (1.15 if w >= 16 and p >= 4 else 1.0)
+
+
+def test_search_tries_prefetch_at_the_fastest_workers_not_only_the_cheaper_tie() -> None:
+    bench = FakeBench(deep_prefetch_at_plateau)
+    out = search(bench, cores=16, time_budget=600, clock=bench.clock)
+    best = grid_best(deep_prefetch_at_plateau, 32)
+    assert deep_prefetch_at_plateau(out.best.setting) >= 0.95 * best, out.best.setting
+    assert out.best.setting.prefetch_factor >= 4 and out.best.setting.num_workers >= 16
+    tried = {(t.setting.num_workers, t.setting.prefetch_factor) for t in out.trials}
+    assert (12, 4) in tried  # from the refined (cheaper) setting, as before
+
+
 def test_search_noise_does_not_buy_extra_workers() -> None:
     # flat from 2 workers on, windows with 10 % noise: the cheapest within the noise wins
     flat = lambda s: 300.0 if s.num_workers >= 2 else 100.0 * (s.num_workers + 1)  # noqa: E731
