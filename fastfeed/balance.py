@@ -210,7 +210,7 @@ class BalanceReport:
 
 def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = None,
                    max_cost: float | str | None = None, cost: Any = "tokens", seed: int = 0, epoch: int = 0,
-                   drop_last: bool = False, jitter: float | None = None,
+                   drop_last: bool = False, jitter: float | str | None = None,
                    baseline_batch_size: int | None = None) -> BalanceReport:
     """Plan one epoch with a fastfeed sampler and with DistributedSampler; compare.
 
@@ -221,7 +221,7 @@ def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = No
         max_cost: use :class:`~fastfeed.samplers.DistributedTokenBudgetSampler` with it.
         cost: ``"tokens"``, ``"attention"``, ``"varlen"``, a CostModel (or its JSON path)
             or a callable; with a fitted model, costs are predicted seconds.
-        seed, epoch, drop_last, jitter: as for the samplers.
+        seed, epoch, drop_last, jitter: as for the samplers (``None``: their default, ``"auto"``).
         baseline_batch_size: DistributedSampler's batch size; default ``batch_size``, or
             for a budget the size giving the same mean real tokens per batch.
 
@@ -229,14 +229,13 @@ def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = No
         >>> r = balance_report([100, 900] * 500, world_size=4, batch_size=8)
         >>> print(r.table())  # doctest: +SKIP
     """
-    from fastfeed.samplers import (DEFAULT_JITTER, DistributedLengthBucketSampler,
-                                   DistributedTokenBudgetSampler, resolve_lengths)
+    from fastfeed.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler, resolve_lengths
 
     if (batch_size is None) == (max_cost is None):
         raise ConfigError("give exactly one of batch_size (fixed batches) or max_cost (a cost budget)")
     lens = resolve_lengths(lengths)
     common = dict(num_replicas=world_size, rank=0, seed=seed, drop_last=drop_last, cost=cost,
-                  jitter=DEFAULT_JITTER if jitter is None else jitter)
+                  jitter="auto" if jitter is None else jitter)
     if batch_size is not None:
         sampler: Any = DistributedLengthBucketSampler(lens, batch_size=batch_size, **common)
         name = f"fastfeed length buckets (batch {batch_size})"

@@ -64,6 +64,17 @@ CostSpec = Union[str, CostModel, Callable[[np.ndarray], float]]
 _STATE_VERSION = 1
 DEFAULT_JITTER = 0.03
 
+#: ``jitter="auto"``: the jitters tried, smallest first (the first is :data:`DEFAULT_JITTER`).
+AUTO_JITTERS = (0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.12)
+#: ``jitter="auto"`` stops at the first jitter whose per-sample co-batch repeat between two
+#: epochs is at most this ...
+AUTO_REPEAT_TARGET = 0.01
+#: ... and never widens the jitter to where padding efficiency falls below this.
+AUTO_PADDING_FLOOR = 0.98
+#: ``jitter="auto"`` measures plans of up to this many samples; larger corpora (whose
+#: length pools are larger, so repeats rarer) use :data:`DEFAULT_JITTER`.
+AUTO_MAX_SAMPLES = 4_000_000
+
 
 # ---------------------------------------------------------------------- lengths
 def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
@@ -187,15 +198,18 @@ class _LengthSampler:
     """Shared machinery: world, epochs, plan cache, iteration, state."""
 
     def __init__(self, lengths: LengthsSource, *, num_replicas: int | None, rank: int | None,
-                 seed: int, shuffle: bool, drop_last: bool, jitter: float, cost: CostSpec,
+                 seed: int, shuffle: bool, drop_last: bool, jitter: float | str, cost: CostSpec,
                  num_samples: int | None, adaptive_jitter: bool = True) -> None:
         self.rank, self.num_replicas = resolve_world(rank, num_replicas)
         self.lengths = resolve_lengths(lengths, num_samples=num_samples)
         if not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed={seed!r} must be an integer")
-        if not (isinstance(jitter, (int, float)) and 0 <= jitter <= 5):
-            raise ConfigError(f"jitter={jitter!r} must be a number in [0, 5] (log-length units)")
-        self.seed, self.shuffle, self.drop_last, self.jitter = int(seed), bool(shuffle), bool(drop_last), float(jitter)
+        if jitter != "auto" and not (isinstance(jitter, (int, float)) and 0 <= jitter <= 5):
+            raise ConfigError(f"jitter={jitter!r} must be 'auto' or a number in [0, 5] (log-length units)")
+        self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
+        self.jitter_spec: float | str = jitter if jitter == "auto" else float(jitter)
+        self._jitter: float | None = None if jitter == "auto" else float(jitter)
+        self.jitter_report: dict[str, Any] | None = None
         self.adaptive_jitter = bool(adaptive_jitter)
         self.cost = resolve_cost(cost)
         self._cost_fn = CostFn(self.cost)
@@ -206,8 +220,62 @@ class _LengthSampler:
         self._digest: str | None = None
 
     # -- planning
-    def _plan(self, epoch: int) -> Plan:  # pragma: no cover - abstract
+    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @property
+    def jitter(self) -> float:
+        """The jitter the plans use; with ``jitter="auto"`` chosen on first use (:meth:`_auto_jitter`)."""
+        if self._jitter is None:
+            self._jitter = self._auto_jitter()
+        return self._jitter
+
+    def _auto_jitter(self) -> float:
+        """The smallest of :data:`AUTO_JITTERS` whose plans repeat co-batches little enough.
+
+        For each jitter, smallest first, plan epochs 0 and 1 and measure the per-sample
+        co-batch repeat (:func:`fastfeed.balance.co_batch_repeat_rate`) and epoch 0's
+        padding efficiency. Stop at the first with repeat <= :data:`AUTO_REPEAT_TARGET`.
+        Do not go on past a jitter whose padding falls under :data:`AUTO_PADDING_FLOOR`:
+        then the largest jitter that kept the floor is used and the trade-off is logged
+        (a small corpus with large batches of short samples cannot have both). Measured,
+        not predicted: the same numpy planning the epochs use, identical on every rank.
+        Without shuffling, or beyond :data:`AUTO_MAX_SAMPLES`, :data:`DEFAULT_JITTER`.
+        """
+        n = int(self.lengths.shape[0])
+        if not self.shuffle or n < 2 or n > AUTO_MAX_SAMPLES:
+            self.jitter_report = {"jitter": DEFAULT_JITTER, "why": "default (no shuffle, or too many samples "
+                                  "to measure)" if n >= 2 else "default"}
+            return DEFAULT_JITTER
+        from fastfeed.balance import co_batch_repeat_rate
+
+        tried: list[tuple[float, float, float]] = []
+        for j in AUTO_JITTERS:
+            first = self._plan(0, j)
+            if first.num_steps == 0:
+                tried.append((j, 0.0, 1.0))
+                break
+            repeat, _ = co_batch_repeat_rate(first, self._plan(1, j), n)
+            count, longest, total, _ = first.features()
+            padded = float((count * longest).sum())
+            padding = float(total.sum()) / padded if padded else 1.0
+            tried.append((j, repeat, padding))
+            if repeat <= AUTO_REPEAT_TARGET or padding < AUTO_PADDING_FLOOR:
+                break
+        good = [t for t in tried if t[1] <= AUTO_REPEAT_TARGET and t[2] >= AUTO_PADDING_FLOOR]
+        if good:
+            pick, why = good[0], "first to meet the repeat target"
+        else:
+            kept = [t for t in tried if t[2] >= AUTO_PADDING_FLOOR]
+            pick = kept[-1] if kept else tried[0]
+            why = ("repeat target not reachable within the padding floor; kept the padding"
+                   if len(tried) < len(AUTO_JITTERS) or kept else "largest tried")
+            log.info("jitter='auto': co-batch repeat <= %.0f%% needs padding below %.2f here; using jitter %.2f "
+                     "(repeat %.2f%%, padding %.3f); pass jitter= to choose another trade-off",
+                     100 * AUTO_REPEAT_TARGET, AUTO_PADDING_FLOOR, pick[0], 100 * pick[1], pick[2])
+        self.jitter_report = {"jitter": pick[0], "repeat": pick[1], "padding": pick[2], "why": why,
+                              "tried": [{"jitter": j, "repeat": r, "padding": p} for j, r, p in tried]}
+        return pick[0]
 
     def epoch_plan(self, epoch: int | None = None) -> Plan:
         """The global plan (all ranks) of ``epoch`` (default: the current one), for reports."""
@@ -257,7 +325,7 @@ class _LengthSampler:
 
     # -- state
     def _config(self) -> dict[str, Any]:
-        return {"shuffle": self.shuffle, "drop_last": self.drop_last, "jitter": self.jitter,
+        return {"shuffle": self.shuffle, "drop_last": self.drop_last, "jitter": self.jitter_spec,
                 "adaptive_jitter": self.adaptive_jitter, "cost": self._cost_fn.describe()}
 
     def state_dict(self, steps: int | None = None) -> dict[str, Any]:
@@ -328,7 +396,10 @@ class DistributedLengthBucketSampler(_LengthSampler):
         drop_last: the remainder policy (module docstring).
         jitter: log-length noise re-drawn each epoch (token-weighted mean): batch-mates
             are within a factor ``exp(jitter)`` in length. Larger mixes batches more
-            across epochs, at more padding (about ``jitter / 2``).
+            across epochs, at more padding (about ``jitter / 2``). ``"auto"`` (default)
+            measures: the smallest of 0.03, 0.04, ... 0.12 whose two first epochs share
+            at most 1% of each sample's batch-mates, without padding efficiency falling
+            under 0.98 (see ``jitter_report`` after the first plan).
         adaptive_jitter: spread that noise toward lengths where randomness is scarce
             (rare lengths, large batches of short samples), keeping the padding cost;
             False uses ``jitter`` everywhere.
@@ -344,7 +415,7 @@ class DistributedLengthBucketSampler(_LengthSampler):
 
     def __init__(self, lengths: LengthsSource, *, batch_size: int, num_replicas: int | None = None,
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
-                 jitter: float = DEFAULT_JITTER, adaptive_jitter: bool = True, cost: CostSpec = "tokens",
+                 jitter: float | str = "auto", adaptive_jitter: bool = True, cost: CostSpec = "tokens",
                  num_samples: int | None = None) -> None:
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
@@ -356,10 +427,11 @@ class DistributedLengthBucketSampler(_LengthSampler):
             log.warning("drop_last=True with %d samples < world size %d x batch size %d: epochs have no steps",
                         self.lengths.shape[0], self.num_replicas, self.batch_size)
 
-    def _plan(self, epoch: int) -> Plan:
+    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:
         return plan_fixed(self.lengths, world_size=self.num_replicas, batch_size=self.batch_size,
                           seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                          jitter=self.jitter, cost=self._cost_fn, adaptive=self.adaptive_jitter)
+                          jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn,
+                          adaptive=self.adaptive_jitter)
 
     def _config(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, **super()._config()}
@@ -390,7 +462,7 @@ class DistributedTokenBudgetSampler(_LengthSampler):
 
     def __init__(self, lengths: LengthsSource, *, max_cost: float | str, cost: CostSpec = "tokens",
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
-                 shuffle: bool = True, drop_last: bool = False, jitter: float = DEFAULT_JITTER,
+                 shuffle: bool = True, drop_last: bool = False, jitter: float | str = "auto",
                  adaptive_jitter: bool = True, oversize: str = "error", num_samples: int | None = None) -> None:
         super().__init__(lengths, num_replicas=num_replicas, rank=rank, seed=seed, shuffle=shuffle,
                          drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples,
@@ -421,10 +493,10 @@ class DistributedTokenBudgetSampler(_LengthSampler):
         """Samples left out of every epoch because they alone exceed ``max_cost``."""
         return 0 if self._skip is None else int(self._skip.sum())
 
-    def _plan(self, epoch: int) -> Plan:
+    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:
         return plan_budget(self.lengths, world_size=self.num_replicas, max_cost=self.max_cost,
                            seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                           jitter=self.jitter, cost=self._cost_fn, skip=self._skip,
+                           jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn, skip=self._skip,
                            adaptive=self.adaptive_jitter)
 
     def _config(self) -> dict[str, Any]:

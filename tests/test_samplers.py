@@ -140,6 +140,66 @@ def test_deterministic_and_redrawn_each_epoch() -> None:
         assert co_batch_repeat_rate(s.epoch_plan(0), s.epoch_plan(0), lengths.shape[0]) == (1.0, 1.0)
 
 
+def short_integer_corpus(n: int, seed: int = 0) -> np.ndarray:
+    """Like real text blocks: most samples a few tokens long, so each integer length is a
+    large pool, and a token budget packs hundreds of them per batch."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(rng.lognormal(3.2, 0.6, n)), 8, 512).astype(np.int64)
+
+
+def test_auto_jitter_meets_the_repeat_target_where_the_default_does_not() -> None:
+    from fastfeed.balance import co_batch_repeat_rate
+    from fastfeed.samplers import AUTO_PADDING_FLOOR, AUTO_REPEAT_TARGET, DEFAULT_JITTER
+
+    lengths = short_integer_corpus(300_000)
+    fixed = make("budget", lengths, 8, max_cost=2048, jitter=DEFAULT_JITTER)
+    before, _ = co_batch_repeat_rate(fixed.epoch_plan(0), fixed.epoch_plan(1), lengths.shape[0])
+    assert before > AUTO_REPEAT_TARGET  # batches of ~80 samples from pools of a few thousand
+    auto = make("budget", lengths, 8, max_cost=2048)
+    assert auto.jitter_spec == "auto" and auto.jitter > DEFAULT_JITTER
+    after, _ = co_batch_repeat_rate(auto.epoch_plan(0), auto.epoch_plan(1), lengths.shape[0])
+    n, mx, s1, _ = auto.epoch_plan(0).features()
+    assert after <= AUTO_REPEAT_TARGET and s1.sum() / (n * mx).sum() >= AUTO_PADDING_FLOOR, (after, auto.jitter_report)
+    assert auto.jitter_report is not None and auto.jitter_report["jitter"] == auto.jitter
+    # where the default already meets the target, auto keeps it (one measurement)
+    calm = make("bucket", lognormal(200_000), 8, batch_size=16)
+    assert calm.jitter == DEFAULT_JITTER and len(calm.jitter_report["tried"]) == 1
+    # no shuffle: nothing to randomise; an explicit jitter is used as given
+    assert make("bucket", lengths, 8, batch_size=16, shuffle=False).jitter == DEFAULT_JITTER
+    assert make("bucket", lengths, 8, batch_size=16, jitter=0.07).jitter == 0.07
+
+
+def test_auto_jitter_keeps_the_padding_floor_when_both_cannot_be_had(caplog: pytest.LogCaptureFixture) -> None:
+    from fastfeed.samplers import AUTO_PADDING_FLOOR, AUTO_REPEAT_TARGET
+
+    # a quarter of the samples 8 tokens long and batches of ~500: 1% repeats would need pools
+    # spanning several lengths, i.e. more than 2% padding
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(2.7, 0.8, 300_000)), 8, 512).astype(np.int64)
+    with caplog.at_level("INFO", logger="fastfeed.samplers"):
+        s = make("budget", lengths, 8, max_cost=4096)
+        s.epoch_plan(0)
+    rep = s.jitter_report
+    assert rep is not None and rep["padding"] >= AUTO_PADDING_FLOOR and rep["repeat"] > AUTO_REPEAT_TARGET, rep
+    widest = rep["tried"][-1]
+    assert widest["padding"] < AUTO_PADDING_FLOOR and s.jitter < widest["jitter"]  # stopped at the floor
+    assert "pass jitter= to choose another trade-off" in caplog.text
+
+
+def test_auto_jitter_is_the_same_on_every_rank_and_resumes() -> None:
+    lengths = short_integer_corpus(100_000, seed=1)
+    ranks = [make("budget", lengths, 4, rank=r, max_cost=4096) for r in range(4)]
+    assert len({s.jitter for s in ranks}) == 1
+    a = ranks[1]
+    it = iter(a)
+    first = [next(it) for _ in range(3)]
+    state = a.state_dict()
+    b = make("budget", lengths, 4, rank=1, max_cost=4096)
+    b.load_state_dict(state)
+    rest = list(b)
+    assert rest == list(it) and first  # the same plan, resumed after 3 steps
+
+
 def test_no_sawtooth_in_step_lengths() -> None:
     lengths = lognormal(50_000)
     for kind in ("bucket", "budget"):
