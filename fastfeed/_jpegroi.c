@@ -65,6 +65,7 @@ typedef struct {
     int denom, top, left, height, width;
     /* results */
     int status; /* 0 ok, 1 libjpeg error/warning, 2 unsupported, 3 crop outside image */
+    int restarts; /* 1: decoded through the restart-marker fast path */
     int img_h, img_w, colorspace;
     char message[JMSG_LENGTH_MAX + 64];
 } roi_job;
@@ -97,7 +98,259 @@ static void run_header(roi_job *job) {
     jpeg_destroy_decompress(&cinfo);
 }
 
+/* ---------------------------------------------------------------------------------
+ * Restart-marker fast path. A baseline JPEG whose restart interval divides its MCU rows
+ * (``fastfeed pack --jpeg-restarts`` writes one restart marker per MCU, losslessly) can
+ * be cut in the compressed domain: every restart segment starts with the DC predictors
+ * reset and on a byte boundary, so the segments that cover the crop, renumbered, form
+ * a valid smaller JPEG. Decoding that entropy-decodes only the crop's MCUs, where
+ * jpeg_skip_scanlines()/jpeg_crop_scanline() must still entropy-decode every row above
+ * the crop and the whole width of the rows in it (most of a q90 JPEG's decode time).
+ */
+static unsigned be16(const unsigned char *p) { return ((unsigned)p[0] << 8) | p[1]; }
+
+typedef struct {
+    unsigned char *buf; /* the sub-image JPEG (malloc) */
+    size_t size;
+    int top, left;      /* the crop's offset inside the sub-image, at the output scale */
+} restart_cut;
+
+/* 1: *cut holds a sub-image JPEG; 0: not applicable (use the general path). */
+static int restart_subimage(const unsigned char *d, size_t n, int denom, int top, int left, int height,
+                            int width, restart_cut *cut) {
+    size_t pos = 2, sof = 0, sos_end = 0;
+    unsigned ri = 0, X = 0, Y = 0, nf = 0, hmax = 1, vmax = 1;
+    if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) return 0;
+    while (pos + 4 <= n) {
+        if (d[pos] != 0xFF) return 0;
+        unsigned m = d[pos + 1];
+        if (m == 0xFF) { pos++; continue; }
+        size_t len = be16(d + pos + 2);
+        if (len < 2 || pos + 2 + len > n) return 0;
+        const unsigned char *seg = d + pos + 4;
+        if (m == 0xC0 || m == 0xC1) {
+            if (len < 8) return 0;
+            if (seg[0] != 8) return 0;
+            Y = be16(seg + 1); X = be16(seg + 3); nf = seg[5];
+            if (!(nf == 1 || nf == 3) || len < 8 + 3 * nf || X == 0 || Y == 0) return 0;
+            for (unsigned c = 0; c < nf; c++) {
+                unsigned hv = seg[6 + 3 * c + 1], h = hv >> 4, v = hv & 15;
+                if (h < 1 || v < 1 || h > 4 || v > 4) return 0;
+                if (h > hmax) hmax = h;
+                if (v > vmax) vmax = v;
+            }
+            sof = pos;
+        } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8) {
+            return 0; /* progressive, lossless, hierarchical or arithmetic coding: general path */
+        } else if (m == 0xDD) {
+            if (len < 4) return 0;
+            ri = be16(seg);
+        } else if (m == 0xDA) {
+            if (!sof || len < 6 || seg[0] != nf) return 0; /* one interleaved scan of every component */
+            sos_end = pos + 2 + len;
+            break;
+        } else if (m == 0xD9 || (m >= 0xD0 && m <= 0xD8)) {
+            return 0;
+        }
+        pos += 2 + len;
+    }
+    if (!sos_end || ri == 0) return 0;
+    unsigned mcu_w = nf == 1 ? 8 : 8 * hmax, mcu_h = nf == 1 ? 8 : 8 * vmax;
+    unsigned per_row = (X + mcu_w - 1) / mcu_w, rows = (Y + mcu_h - 1) / mcu_h;
+    if (per_row % ri != 0) return 0;
+    unsigned segs_row = per_row / ri;
+    size_t total = (size_t)segs_row * rows;
+    /* where each restart segment starts; [total] = the scan's end */
+    size_t *start = (size_t *)malloc((total + 1) * sizeof(size_t));
+    if (start == NULL) return 0;
+    size_t k = 0, i = sos_end;
+    int bad = 0, ended = 0;
+    start[0] = sos_end;
+    while (i + 1 < n) {
+        const unsigned char *ff = memchr(d + i, 0xFF, n - i - 1);
+        if (ff == NULL) break;
+        i = (size_t)(ff - d);
+        unsigned b = d[i + 1];
+        if (b == 0x00) { i += 2; continue; }
+        if (b == 0xFF) { i += 1; continue; }
+        if (b >= 0xD0 && b <= 0xD7) {
+            if (b != 0xD0 + (k & 7) || k + 1 >= total) { bad = 1; break; }
+            k++;
+            start[k] = i + 2;
+            i += 2;
+            continue;
+        }
+        ended = 1; /* EOI or another marker: the scan ends here */
+        break;
+    }
+    if (bad || !ended || k + 1 != total) { free(start); return 0; }
+    start[total] = i + 2; /* segment k ends 2 bytes before start[k + 1] (its RST) or at i (EOI) */
+    unsigned sw = ri * mcu_w / (unsigned)denom, sh = mcu_h / (unsigned)denom;
+    if (sw == 0 || sh == 0) { free(start); return 0; }
+    unsigned c0 = (unsigned)left / sw, c1 = ((unsigned)left + (unsigned)width + sw - 1) / sw;
+    unsigned r0 = (unsigned)top / sh, r1 = ((unsigned)top + (unsigned)height + sh - 1) / sh;
+    if (c1 > segs_row) c1 = segs_row;
+    if (r1 > rows) r1 = rows;
+    if (c0 >= c1 || r0 >= r1 || (r0 == 0 && c0 == 0 && c1 == segs_row)) {
+        free(start); /* nothing to cut: the general path stops after the crop's last row itself */
+        return 0;
+    }
+    unsigned subx = c1 * ri * mcu_w < X ? c1 * ri * mcu_w : X, suby = r1 * mcu_h < Y ? r1 * mcu_h : Y;
+    subx -= c0 * ri * mcu_w;
+    suby -= r0 * mcu_h;
+    size_t body = 0;
+    for (unsigned r = r0; r < r1; r++) {
+        size_t a = start[(size_t)r * segs_row + c0], b = start[(size_t)r * segs_row + c1] - 2;
+        body += b - a; /* the segments c0..c1-1 of row r, with their RSTs but the last one */
+    }
+    size_t cap = sos_end + body + 2 * (size_t)(r1 - r0) + 4;
+    unsigned char *out = (unsigned char *)malloc(cap);
+    if (out == NULL) { free(start); return 0; }
+    size_t o = 0, p = 2;
+    out[o++] = 0xFF; out[o++] = 0xD8;
+    while (p < sos_end) { /* tables, frame, restart interval and scan headers; no APPn/COM */
+        if (d[p + 1] == 0xFF) { p++; continue; }
+        unsigned m = d[p + 1];
+        size_t len = be16(d + p + 2);
+        if (!((m >= 0xE0 && m <= 0xEF) || m == 0xFE)) {
+            memcpy(out + o, d + p, 2 + len);
+            if (p == sof) {
+                out[o + 5] = (unsigned char)(suby >> 8); out[o + 6] = (unsigned char)(suby & 255);
+                out[o + 7] = (unsigned char)(subx >> 8); out[o + 8] = (unsigned char)(subx & 255);
+            }
+            o += 2 + len;
+        }
+        p += 2 + len;
+    }
+    unsigned num = 0;
+    for (unsigned r = r0; r < r1; r++) {
+        for (unsigned c = c0; c < c1; c++) {
+            size_t s = (size_t)r * segs_row + c;
+            size_t a = start[s], b = start[s + 1] - 2; /* without the RST that followed it */
+            memcpy(out + o, d + a, b - a);
+            o += b - a;
+            if (!(r == r1 - 1 && c == c1 - 1)) {
+                out[o++] = 0xFF;
+                out[o++] = (unsigned char)(0xD0 + (num & 7));
+                num++;
+            }
+        }
+    }
+    out[o++] = 0xFF; out[o++] = 0xD9;
+    free(start);
+    cut->buf = out;
+    cut->size = o;
+    cut->top = top - (int)(r0 * sh);
+    cut->left = left - (int)(c0 * sw);
+    return 1;
+}
+
+static void run_crop_on(roi_job *job);
+
+/* The crop through the restart-marker fast path where it applies, else the general one. */
 static void run_crop(roi_job *job) {
+    restart_cut cut;
+    if (restart_subimage(job->data, job->size, job->denom, job->top, job->left, job->height, job->width, &cut)) {
+        roi_job sub = *job;
+        sub.data = cut.buf;
+        sub.size = (unsigned long)cut.size;
+        sub.top = cut.top;
+        sub.left = cut.left;
+        run_crop_on(&sub);
+        free(cut.buf);
+        if (sub.status == 0) {
+            job->status = 0;
+            job->restarts = 1;
+            return;
+        } /* else: the general path decides (and words the error) */
+    }
+    run_crop_on(job);
+}
+
+/* ---------------------------------------------------------------------------------
+ * add_restarts: the same image with a restart marker after every MCU, losslessly (the
+ * DCT coefficients are copied, not re-quantised; Huffman tables are re-optimised, which
+ * usually more than pays for the markers). Progressive or arithmetic-coded input comes
+ * out baseline Huffman. APPn and COM markers (EXIF orientation, ICC profiles) are kept.
+ */
+typedef struct {
+    const unsigned char *data;
+    unsigned long size;
+    unsigned char *out; /* malloc'd by libjpeg's memory destination */
+    unsigned long out_size;
+    int status;
+    char message[JMSG_LENGTH_MAX + 64];
+} restart_job;
+
+static void run_add_restarts(restart_job *job) {
+    struct jpeg_decompress_struct src;
+    struct jpeg_compress_struct dst;
+    roi_error err;
+    int dst_made = 0;
+    init_error(&src, &err);
+    jpeg_create_decompress(&src);
+    dst.err = src.err;
+    if (setjmp(err.jump)) {
+        job->status = 1;
+        snprintf(job->message, sizeof job->message, "%s", err.message);
+        if (dst_made) jpeg_destroy_compress(&dst);
+        jpeg_destroy_decompress(&src);
+        free(job->out);
+        job->out = NULL;
+        return;
+    }
+    jpeg_mem_src(&src, job->data, job->size);
+    jpeg_save_markers(&src, JPEG_COM, 0xFFFF);
+    for (int m = 0; m < 16; m++) jpeg_save_markers(&src, JPEG_APP0 + m, 0xFFFF);
+    jpeg_read_header(&src, TRUE);
+    jvirt_barray_ptr *coef = jpeg_read_coefficients(&src);
+    jpeg_create_compress(&dst);
+    dst_made = 1;
+    jpeg_copy_critical_parameters(&src, &dst);
+    dst.restart_interval = 1;
+    dst.optimize_coding = TRUE;
+    jpeg_mem_dest(&dst, &job->out, &job->out_size);
+    jpeg_write_coefficients(&dst, coef);
+    for (jpeg_saved_marker_ptr mk = src.marker_list; mk != NULL; mk = mk->next) {
+        /* libjpeg writes its own JFIF / Adobe markers: do not copy those twice */
+        if (dst.write_JFIF_header && mk->marker == JPEG_APP0 && mk->data_length >= 5 &&
+            memcmp(mk->data, "JFIF", 5) == 0)
+            continue;
+        if (dst.write_Adobe_marker && mk->marker == JPEG_APP0 + 14 && mk->data_length >= 5 &&
+            memcmp(mk->data, "Adobe", 5) == 0)
+            continue;
+        jpeg_write_marker(&dst, mk->marker, mk->data, mk->data_length);
+    }
+    jpeg_finish_compress(&dst);
+    jpeg_destroy_compress(&dst);
+    dst_made = 0;
+    jpeg_finish_decompress(&src);
+    jpeg_destroy_decompress(&src);
+    job->status = 0;
+}
+
+static PyObject *roi_add_restarts(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    restart_job job;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*:add_restarts", &data)) return NULL;
+    memset(&job, 0, sizeof job);
+    job.data = (const unsigned char *)data.buf;
+    job.size = (unsigned long)data.len;
+    Py_BEGIN_ALLOW_THREADS
+    run_add_restarts(&job);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (job.status != 0) {
+        PyErr_Format(PyExc_ValueError, "JPEG: %s", job.message);
+        return NULL;
+    }
+    PyObject *res = PyBytes_FromStringAndSize((const char *)job.out, (Py_ssize_t)job.out_size);
+    free(job.out);
+    return res;
+}
+
+static void run_crop_on(roi_job *job) {
     struct jpeg_decompress_struct cinfo;
     roi_error err;
     /* volatile: set after setjmp and read after a longjmp */
@@ -242,6 +495,8 @@ static PyMethodDef roi_methods[] = {
     {"header", roi_header, METH_VARARGS, "header(data) -> (height, width, jpeg colorspace number)"},
     {"decode_crop", roi_decode_crop, METH_VARARGS,
      "decode_crop(data, out, scale_denom, top, left, height, width): RGB crop of the scaled image into out"},
+    {"add_restarts", roi_add_restarts, METH_VARARGS,
+     "add_restarts(data) -> bytes: the same JPEG, losslessly, with a restart marker after every MCU"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -53,6 +53,9 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    help="resize images whose longer side exceeds PX and re-encode them")
     p.add_argument("--quality", type=int, default=90, metavar="Q",
                    help="JPEG/WebP quality for --max-side (default 90)")
+    p.add_argument("--jpeg-restarts", action="store_true",
+                   help="store JPEGs losslessly with a restart marker per 16x16 block, so random crops "
+                        "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension)")
     p.add_argument("--length", default=None, metavar="FIELD",
                    help="record per-sample lengths: a number field, a text field (whitespace tokens), "
                         "or FIELD:KEY inside a JSON field")
@@ -122,7 +125,7 @@ def _run_pack(args: argparse.Namespace) -> int:
             args.src, args.dst, input=args.input, format=args.format, shard_size=args.shard_size,
             samples_per_shard=args.samples_per_shard, workers=workers, shuffle=args.shuffle,
             seed=args.seed, max_side=args.max_side, quality=args.quality, length=args.length,
-            on_error=args.on_error, overwrite=args.overwrite, progress=bar,
+            on_error=args.on_error, overwrite=args.overwrite, jpeg_restarts=args.jpeg_restarts, progress=bar,
             engine=args.engine, ray_address=args.ray_address,
         )
     finally:
@@ -173,6 +176,7 @@ def _run_info(args: argparse.Namespace) -> int:
     o = d["options"]
     order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
     resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
+    resize += ", JPEGs with restart markers (crops decode only their blocks)" if o.get("jpeg_restarts") else ""
     print(f"  order      {order}{resize}")
     print(f"  skipped    {d['num_skipped']}" + (" (see skipped.txt)" if d["num_skipped"] else ""))
     return 0

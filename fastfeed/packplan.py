@@ -71,13 +71,14 @@ class PackOptions:
     length: str | None = None
     on_error: str = "fail"
     overwrite: bool = False
+    jpeg_restarts: bool = False
 
     @classmethod
     def create(cls, *, input: str | None = None, format: str = "tar",
                shard_size: str | int = "256MB", samples_per_shard: int | None = None,
                workers: int | str = 1, shuffle: bool = True, seed: int = 0,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "fail", overwrite: bool = False) -> "PackOptions":
+               on_error: str = "fail", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
         if input in ("auto", ""):
             input = None
@@ -102,9 +103,17 @@ class PackOptions:
             parse_length(length)
         if on_error not in ("fail", "skip"):
             raise ConfigError(f"on_error={on_error!r}: choose fail or skip")
+        if jpeg_restarts:
+            from fastfeed.decode import roi
+
+            if not roi.available():
+                raise ConfigError("jpeg_restarts=True needs fastfeed's optional C extension fastfeed._jpegroi, "
+                                  "which is not built here: reinstall fastfeed from source with a C compiler and "
+                                  "libjpeg-turbo's headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
+                                  "or leave jpeg_restarts off")
         return cls(input, format, size, None if samples_per_shard is None else int(samples_per_shard),
                    int(workers), bool(shuffle), int(seed), None if max_side is None else int(max_side),
-                   int(quality), length, on_error, bool(overwrite))
+                   int(quality), length, on_error, bool(overwrite), bool(jpeg_restarts))
 
     def output_options(self) -> dict[str, Any]:
         """The options that shape the output (not ``workers`` or ``overwrite``)."""
@@ -113,6 +122,7 @@ class PackOptions:
             "samples_per_shard": self.samples_per_shard, "shuffle": self.shuffle,
             "seed": self.seed, "max_side": self.max_side, "quality": self.quality,
             "length": self.length, "on_error": self.on_error,
+            **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
         }
 
 

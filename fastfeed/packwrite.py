@@ -226,13 +226,30 @@ def _check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
         raise _Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
                        f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
     opts = plan.options
-    if opts.max_side is None:
+    if opts.max_side is not None:
+        try:
+            data = reencode(data, m.field, opts.max_side, opts.quality)
+        except decode_errors() as e:
+            raise _Problem(BadFileError, m.path or "", f"cannot decode image for --max-side "
+                           f"({type(e).__name__}: {e})", "fix or remove the file, or pass --on-error skip") from None
+    if opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff":
+        data = _with_restarts(data)
+    return data
+
+
+def _with_restarts(data: bytes) -> bytes:
+    """The JPEG with a restart marker after every MCU, losslessly (same DCT coefficients,
+    re-optimised Huffman tables), so the loader decodes a crop's MCUs only; a JPEG libjpeg
+    cannot transcode cleanly (corrupt data, CMYK) is stored as it was."""
+    from fastfeed.decode import roi
+
+    head = roi.header(data)
+    if head is None or not head[2]:  # unreadable header, CMYK/YCCK: stored as it was
         return data
     try:
-        return reencode(data, m.field, opts.max_side, opts.quality)
-    except decode_errors() as e:
-        raise _Problem(BadFileError, m.path or "", f"cannot decode image for --max-side "
-                       f"({type(e).__name__}: {e})", "fix or remove the file, or pass --on-error skip") from None
+        return roi.add_restarts(data)
+    except ValueError:
+        return data
 
 
 def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:

@@ -53,6 +53,33 @@ def available() -> bool:
     return _module() is not None
 
 
+def add_restarts(data: bytes | memoryview) -> bytes:
+    """The same JPEG with a restart marker after every MCU, losslessly.
+
+    The DCT coefficients are copied unchanged (decoded pixels are identical) and the
+    Huffman tables re-optimised, which usually more than pays for the markers (2 bytes
+    per 16x16 block). EXIF, ICC and other APPn/COM markers are kept; progressive input
+    comes out baseline. :func:`decode_crop` then cuts a crop's restart segments out of
+    the entropy-coded data and decodes only those, instead of entropy-decoding every
+    row down to the crop's last one (what ``fastfeed pack --jpeg-restarts`` is for).
+
+    Raises:
+        ValueError: libjpeg cannot read the image cleanly (corrupt or truncated data).
+        RuntimeError: the extension is not built (see :func:`available`).
+
+    Example:
+        >>> from fastfeed.decode import roi
+        >>> roi.add_restarts(open("photo.jpg", "rb").read())[:2]  # doctest: +SKIP
+        b'\\xff\\xd8'
+    """
+    m = _module()
+    if m is None:
+        raise RuntimeError("fastfeed._jpegroi is not built: reinstall fastfeed from source with a C compiler "
+                           "and libjpeg-turbo's headers (apt-get install libturbojpeg0-dev)")
+    out: bytes = m.add_restarts(data)
+    return out
+
+
 def header(data: bytes | memoryview) -> tuple[int, int, bool] | None:
     """``(height, width, supported)`` of a JPEG; None when libjpeg cannot read the header.
 
