@@ -143,14 +143,14 @@ def replicated_sample(num_images: int = 2_000, *, src: Path = SHARED_SAMPLE) -> 
     return _publish(tmp, root, recipe)
 
 
-def pack_once(src: Path, *, samples_per_shard: int, fmt: str = "tar") -> Path:
-    """``fastfeed pack`` of ``src`` next to it (``<src>.ff-<fmt>-<n>``); reused when complete."""
+def pack_once(src: Path, *, samples_per_shard: int, fmt: str = "tar", jpeg_restarts: bool = False) -> Path:
+    """``fastfeed pack`` of ``src`` next to it (``<src>.ff-<fmt>-<n>[-rst]``); reused when complete."""
     import fastfeed
 
-    dst = src.with_name(f"{src.name}.ff-{fmt}-{samples_per_shard}")
+    dst = src.with_name(f"{src.name}.ff-{fmt}-{samples_per_shard}" + ("-rst" if jpeg_restarts else ""))
     t0 = time.perf_counter()
     fastfeed.pack(src, dst, format=fmt, samples_per_shard=samples_per_shard,
-                  workers=cpu_count(), shuffle=True, seed=0)
+                  workers=cpu_count(), shuffle=True, seed=0, jpeg_restarts=jpeg_restarts)
     took = time.perf_counter() - t0
     if took > 1:
         _log(f"packed {src.name} -> {dst.name} in {took:.0f} s")

@@ -102,6 +102,8 @@ def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
     backend = "simplejpeg+OpenCV (DCT-scaled)" if turbo_available() else "Pillow (draft)"
     if turbo_available() and roi.available():
         backend = "libjpeg-turbo crop-only decode (fastfeed._jpegroi, DCT-scaled)+OpenCV"
+        if data["fastfeed"].name.endswith("-rst"):
+            backend += "; shards packed with --jpeg-restarts (crops decode only their blocks)"
     return Built("fastfeed", f"fastfeed.loader over pack tar shards, decode {backend}",
                  [ff], one_epoch, lambda: _shutdown(dl))
 
@@ -155,7 +157,7 @@ def webdataset_loader(data: dict[str, Path], s: Setup) -> Built:
     import webdataset as wds
     from torchvision import transforms as T
 
-    urls = sorted(str(p) for p in data["fastfeed"].glob("*.tar"))
+    urls = sorted(str(p) for p in data["wds"].glob("*.tar"))
     tf = T.Compose([T.RandomResizedCrop(s.image_size), T.RandomHorizontalFlip(), T.PILToTensor()])
     ds = (
         wds.WebDataset(urls, shardshuffle=len(urls), seed=s.seed, empty_check=False)
@@ -230,7 +232,7 @@ BUILDERS: dict[str, tuple[Callable[[dict[str, Path], Setup], Built], str]] = {
     "fastfeed": (fastfeed_loader, "fastfeed"),
     "imagefolder": (imagefolder_pil, "folder"),
     "imagefolder-tvio": (imagefolder_tvio, "folder"),
-    "webdataset": (webdataset_loader, "fastfeed"),
+    "webdataset": (webdataset_loader, "wds"),
     "ffcv": (ffcv_loader, "ffcv"),
 }
 

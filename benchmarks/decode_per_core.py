@@ -9,6 +9,9 @@ with random horizontal flips?
   DCT-scaled decode, of only the crop's region when the optional extension
   ``fastfeed._jpegroi`` is built (:mod:`fastfeed.decode.roi`), OpenCV resize into the
   batch buffer, labels, stats).
+- ``fastfeed-turbo-rst``: the same over shards packed with ``--jpeg-restarts`` (the same
+  pixels, losslessly re-coded with a restart marker per 16x16 block, so a crop is cut
+  out of the compressed data and only its blocks are decoded); needs the extension.
 - ``fastfeed-turbo-full``: the same with region decoding switched off (whole-image
   simplejpeg decode, as without the extension): the region decoding's share.
 - ``fastfeed-pillow``: the same with ``decode_backend="pillow"``.
@@ -139,12 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             real_folder(src, args.images)
         fastfeed.pack(src, packed, samples_per_shard=256, overwrite=True)
+    from fastfeed.decode import roi
+
+    rst = packed.with_name(packed.name + "-rst")
+    if roi.available() and not (rst / "index.json").exists():
+        fastfeed.pack(src, rst, samples_per_shard=256, overwrite=True, jpeg_restarts=True)
     datas = [p.read_bytes() for p in sorted(src.rglob("*.jpg"))]
     what = "500x375 q90" if args.source == "synth" else "real photos (imagenet-sample)"
     print(f"{len(datas)} JPEGs ({what}), mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB -> "
           f"RandomResizedCrop {args.size} + flip, batch {args.batch}, 1 process")
     runs = {
         "fastfeed-turbo": fastfeed_pass(packed, args.batch, args.size, "turbo"),
+        **({"fastfeed-turbo-rst": fastfeed_pass(rst, args.batch, args.size, "turbo")} if roi.available() else {}),
         "fastfeed-turbo-full": fastfeed_pass(packed, args.batch, args.size, "turbo", roi=False),
         "fastfeed-pillow": fastfeed_pass(packed, args.batch, args.size, "pillow"),
         "ffcv-ops": ffcv_ops(datas, args.batch, args.size, "area"),
@@ -155,10 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'pipeline':<20}{'img/s per CPU-s':>16}{'ms CPU/img':>11}{'img/s wall':>12}{'vs ffcv-ops':>13}")
     for name, (cpu, wall) in rates.items():
         print(f"{name:<20}{cpu:>16.0f}{1e3 / cpu:>11.2f}{wall:>12.0f}{cpu / ref:>12.2f}x")
-    from fastfeed.decode import roi
-
     print(f"region decoding (fastfeed._jpegroi): {'built' if roi.available() else 'NOT built'}; "
           f"fastfeed-turbo / fastfeed-turbo-full: {rates['fastfeed-turbo'][0] / rates['fastfeed-turbo-full'][0]:.2f}x")
+    if "fastfeed-turbo-rst" in rates:
+        print(f"restart markers (pack --jpeg-restarts): fastfeed-turbo-rst / fastfeed-turbo: "
+              f"{rates['fastfeed-turbo-rst'][0] / rates['fastfeed-turbo'][0]:.2f}x")
     ratio = rates["fastfeed-turbo"][0] / ref
     print(f"goal: fastfeed-turbo >= 1.0x ffcv-ops per core: {ratio:.2f}x -> {'pass' if ratio >= 1.0 else 'FAIL'}")
     print("RESULT " + json.dumps({

@@ -4,7 +4,9 @@ In one run, on the same images, the same pipeline (decode -> RandomResizedCrop 2
 horizontal flip -> one uint8 batch of 256) and the same number of worker processes
 (FFCV: decode threads), this script measures
 
-- ``fastfeed``: ``fastfeed.loader`` over ``fastfeed pack`` tar shards;
+- ``fastfeed``: ``fastfeed.loader`` over ``fastfeed pack`` tar shards (``--jpeg-restarts``:
+  packed with ``fastfeed pack --jpeg-restarts``, the same pixels losslessly re-coded so a
+  crop decodes only its blocks);
 - ``imagefolder``: torchvision ``ImageFolder`` + ``DataLoader`` with PIL (torchvision's
   default), and ``imagefolder-tvio`` with ``torchvision.io.decode_image`` (its fast path);
 - ``webdataset``: ``WebDataset`` + ``WebLoader`` over the same tar shards (same bytes);
@@ -73,6 +75,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real-images", type=int, default=3_000, help="copies of the 47 real photos")
     p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--caches", default="warm,cold", help="warm, cold or both")
+    p.add_argument("--jpeg-restarts", action="store_true",
+                   help="fastfeed's shards packed with --jpeg-restarts (lossless: the same pixels; its crops "
+                        "decode only their blocks); WebDataset keeps reading the plain pack of the same images")
     p.add_argument("--workers", type=int, default=cpu_count(), help="worker processes for every loader")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor of the torch DataLoaders")
@@ -116,8 +121,11 @@ def _prepare(kind: str, args: argparse.Namespace, peers: list[str]) -> dict[str,
     folder = synth_image_folder(args.images) if kind == "synth" else replicated_sample(args.real_images)
     n = args.images if kind == "synth" else args.real_images
     data = {"folder": folder}
-    if {"fastfeed", "webdataset"} & set(peers):
-        data["fastfeed"] = pack_once(folder, samples_per_shard=samples_per_shard(n, args.workers))
+    per_shard = samples_per_shard(n, args.workers)
+    if "webdataset" in peers:  # the same shards fastfeed reads, unless those have restart markers
+        data["wds"] = pack_once(folder, samples_per_shard=per_shard)
+    if "fastfeed" in peers:
+        data["fastfeed"] = pack_once(folder, samples_per_shard=per_shard, jpeg_restarts=args.jpeg_restarts)
     if "ffcv" in peers:
         data["ffcv"] = write_beton(folder)
     return data

@@ -13,11 +13,14 @@
  *
  *   header(data) -> (height, width, colorspace)
  *       colorspace: libjpeg's J_COLOR_SPACE number of the stored image.
- *   decode_crop(data, out, scale_denom, top, left, height, width) -> None
+ *   decode_crop(data, out, scale_denom, top, left, height, width) -> bool
  *       Decode rows [top, top + height) and columns [left, left + width) of the image
  *       as scaled by 1/scale_denom (libjpeg's rounded-up scaled size) as RGB into the
  *       writable C-contiguous buffer ``out`` (height * width * 3 bytes). Fast integer
  *       IDCT and fancy upsampling, the same settings as simplejpeg's fastdct=True.
+ *       True when the restart-marker fast path cut the crop (see restart_subimage).
+ *   add_restarts(data) -> bytes
+ *       The same JPEG, losslessly, with a restart marker after every MCU.
  *
  * Both raise ValueError on anything libjpeg rejects: errors and also warnings
  * (corrupt or truncated data), because the caller then falls back to the decoder
@@ -189,6 +192,13 @@ static int restart_subimage(const unsigned char *d, size_t n, int denom, int top
     if (sw == 0 || sh == 0) { free(start); return 0; }
     unsigned c0 = (unsigned)left / sw, c1 = ((unsigned)left + (unsigned)width + sw - 1) / sw;
     unsigned r0 = (unsigned)top / sh, r1 = ((unsigned)top + (unsigned)height + sh - 1) / sh;
+    /* one more segment on every side where there is one: chroma upsampling and the
+     * scaled IDCT's smoothing read the neighbouring blocks, so the crop's edge pixels then
+     * come out as they do from the whole image */
+    if (c0 > 0) c0--;
+    if (r0 > 0) r0--;
+    c1++;
+    r1++;
     if (c1 > segs_row) c1 = segs_row;
     if (r1 > rows) r1 = rows;
     if (c0 >= c1 || r0 >= r1 || (r0 == 0 && c0 == 0 && c1 == segs_row)) {
@@ -484,7 +494,7 @@ static PyObject *roi_decode_crop(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "JPEG: %s", job.message);
         return NULL;
     }
-    Py_RETURN_NONE;
+    return PyBool_FromLong(job.restarts); /* True: cut out of the compressed data by restart segments */
 fail:
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
@@ -494,7 +504,8 @@ fail:
 static PyMethodDef roi_methods[] = {
     {"header", roi_header, METH_VARARGS, "header(data) -> (height, width, jpeg colorspace number)"},
     {"decode_crop", roi_decode_crop, METH_VARARGS,
-     "decode_crop(data, out, scale_denom, top, left, height, width): RGB crop of the scaled image into out"},
+     "decode_crop(data, out, scale_denom, top, left, height, width) -> bool: RGB crop of the scaled image "
+     "into out; True when cut by restart segments"},
     {"add_restarts", roi_add_restarts, METH_VARARGS,
      "add_restarts(data) -> bytes: the same JPEG, losslessly, with a restart marker after every MCU"},
     {NULL, NULL, 0, NULL},

@@ -229,3 +229,96 @@ def test_large_shrinks_are_anti_aliased(shape: tuple[int, int]) -> None:
     dec._resize_crop(textured, dst, flip=False)
     area = cv2.resize(textured, (112, 112), interpolation=cv2.INTER_AREA)
     assert np.abs(dst.astype(int) - area.astype(int)).mean() < 3
+
+
+# --------------------------------------------------------------------- restart markers (pack --jpeg-restarts)
+def _decoded(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+
+
+def _markers(data: bytes) -> list[int]:
+    """The marker codes of a JPEG's header segments, up to its scan."""
+    out, pos = [], 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        m = data[pos + 1]
+        out.append(m)
+        if m == 0xDA:
+            break
+        pos += 2 + int.from_bytes(data[pos + 2: pos + 4], "big")
+    return out
+
+
+@needs_roi
+@pytest.mark.parametrize("subsampling", [0, 1, 2])  # 4:4:4, 4:2:2, 4:2:0
+@pytest.mark.parametrize("progressive", [False, True])
+def test_add_restarts_is_lossless_and_keeps_exif(subsampling: int, progressive: bool) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = encode(photo((203, 141), seed=subsampling), quality=90, subsampling=subsampling,
+                  progressive=progressive, exif=exif.tobytes())
+    rst = roi.add_restarts(data)
+    assert 0xDD in _markers(rst) and 0xC0 in _markers(rst)  # a restart interval; baseline
+    assert np.array_equal(_decoded(rst), _decoded(data))  # the same DCT coefficients
+    assert Image.open(io.BytesIO(rst)).getexif().get(0x0112) == 6
+    assert len(rst) < 1.1 * len(data)
+
+
+@needs_roi
+@pytest.mark.parametrize("size", [(333, 251), (97, 61), (16, 16), (17, 9), (640, 480)])
+def test_restart_crops_match_the_general_path(size: tuple[int, int]) -> None:
+    rng = np.random.default_rng(size[0])
+    for subsampling in (0, 1, 2):
+        data = encode(photo(size, seed=subsampling), quality=90, subsampling=subsampling)
+        rst = roi.add_restarts(data)
+        m = roi._module()
+        used = 0
+        for denom in (1, 2, 4, 8):
+            sh, sw = -(-size[1] // denom), -(-size[0] // denom)
+            for _ in range(8):
+                h, w = int(rng.integers(1, sh + 1)), int(rng.integers(1, sw + 1))
+                top, left = int(rng.integers(0, sh - h + 1)), int(rng.integers(0, sw - w + 1))
+                a, b = np.empty((h, w, 3), np.uint8), np.empty((h, w, 3), np.uint8)
+                assert m.decode_crop(data, a, denom, top, left, h, w) is False  # no restart markers
+                used += m.decode_crop(rst, b, denom, top, left, h, w)
+                d = np.abs(a.astype(int) - b)
+                # the same blocks; fancy upsampling at the cut's edges may differ by a few levels
+                assert d.mean() < 1.0 and d.max() <= 24, (denom, top, left, h, w, d.mean(), d.max())
+        if size[0] > 32 and size[1] > 32:
+            assert used > 0  # the fast path ran
+
+
+@needs_roi
+def test_restart_grayscale_and_orientation_through_the_decoder() -> None:
+    gray = roi.add_restarts(encode(photo((97, 61)).convert("L"), quality=90))
+    arr = roi.decode_crop(gray, 1, (20, 30, 30, 40))
+    full = _decoded(gray)
+    assert arr is not None and np.abs(arr.astype(int) - full[20:50, 30:70]).max() <= 2
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    data = encode(photo((160, 120), seed=3), quality=92, exif=exif.tobytes())
+    rst = roi.add_restarts(data)
+    for box in [(5, 17, 60, 90), (100, 20, 50, 70)]:
+        a, _ = both(data, box, out=32)
+        b, _ = both(rst, box, out=32)
+        close(a, b)
+
+
+@needs_roi
+def test_restart_file_damage_is_still_an_error() -> None:
+    rst = roi.add_restarts(make_jpeg(np.random.default_rng(5), (200, 160)))
+    cut = rst[: len(rst) * 2 // 3]  # no EOI: never cut by segments; the decoder reports the file
+    out = np.empty((16, 16, 3), np.uint8)
+    with pytest.raises(ValueError, match="Premature end"):  # not cut by segments: libjpeg reads on and fails
+        roi._module().decode_crop(cut, out, 1, 100, 100, 16, 16)
+    region, _ = decoders()
+    with pytest.raises(SampleError, match="cannot decode the image"):
+        region.decode_into(cut, out, lambda h, w: (0, 0, 16, 16), flip=False)
+    bad = bytearray(rst)
+    bad[len(bad) // 2:len(bad) // 2 + 40] = b"\xff\xd3" * 20  # restart markers out of sequence
+    try:
+        used = roi._module().decode_crop(bytes(bad), out, 1, 0, 0, 16, 16)
+    except ValueError:
+        used = False
+    assert used is False  # never cut from a scan whose markers do not add up
+    with pytest.raises(ValueError):
+        roi.add_restarts(b"\xff\xd8\xff\xe0 not a jpeg")

@@ -203,6 +203,42 @@ def test_max_side_reencodes_messy_images(tmp_path: Path, fmt: str) -> None:
     assert Image.open(io.BytesIO(rot["jpg"])).getexif().get(0x0112) in (None, 1)
 
 
+@pytest.mark.skipif(not __import__("fastfeed.decode.roi", fromlist=["roi"]).available(),
+                    reason="fastfeed._jpegroi not built")
+def test_jpeg_restarts_store_the_same_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_messy_folder(tmp_path / "src")
+    before = tree_digest(tmp_path / "src")
+    idx = pack(tmp_path / "src", tmp_path / "o", jpeg_restarts=True)
+    assert idx.num_samples == 9 and fastfeed.verify(tmp_path / "o").ok
+    assert tree_digest(tmp_path / "src") == before
+    assert json.loads((tmp_path / "o" / "index.json").read_text())["options"].get("jpeg_restarts") is True
+    originals = messy_images()
+    restarted = 0
+    for s in shard_samples(tmp_path / "o"):
+        field = "png" if "png" in s else "jpg"
+        name = s["__key__"].split("/")[1] + "." + field
+        src = originals[name][0]
+        a, b = Image.open(io.BytesIO(src)), Image.open(io.BytesIO(s[field]))
+        assert np.array_equal(np.asarray(a), np.asarray(b)), name  # lossless: the same pixels
+        assert a.getexif().get(0x0112) == b.getexif().get(0x0112), name
+        if s[field] != src:
+            assert b"\xff\xdd\x00\x04\x00\x01" in s[field][:2000], name  # one restart per MCU
+            restarted += 1
+        elif src[:3] == b"\xff\xd8\xff":
+            assert Image.open(io.BytesIO(src)).mode == "CMYK", name  # left as it was
+    assert restarted >= 4  # the baseline, progressive, grayscale, rotated and tiny JPEGs
+    # the loader reads them like any JPEG
+    dl = fastfeed.loader(tmp_path / "o", batch_size=3, image_size=32, num_workers=0, shuffle=False)
+    assert sum(len(b["__key__"]) for b in dl) == 9
+    # without the extension: a clear error, before anything is written
+    from fastfeed.decode import roi
+
+    monkeypatch.setattr(roi, "available", lambda: False)
+    with pytest.raises(fastfeed.ConfigError, match="jpeg_restarts=True needs"):
+        pack(tmp_path / "src", tmp_path / "o2", jpeg_restarts=True)
+    assert not (tmp_path / "o2").exists()
+
+
 def test_cmyk_and_alpha_convert_to_plausible_colours(tmp_path: Path) -> None:
     from fastfeed.images import reencode
 
