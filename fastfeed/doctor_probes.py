@@ -255,6 +255,8 @@ class ImageStats:
     mean_width: float
     mean_height: float
     mean_bytes: float
+    #: share of the images that are JPEGs without restart markers (``pack --jpeg-restarts`` helps those)
+    plain_jpeg_share: float = 0.0
 
     @property
     def megapixels(self) -> float:
@@ -277,7 +279,7 @@ def image_stats(samples: Sequence[dict[str, Any]], field: str | None = None) -> 
 
     from fastfeed.decode.cpu import pick_image_field
 
-    sizes, nbytes = [], []
+    sizes, nbytes, plain = [], [], 0
     for s in samples[:64]:
         f = field if field in s else pick_image_field([k for k in s if not k.startswith("__")])
         if f is None:
@@ -288,10 +290,25 @@ def image_stats(samples: Sequence[dict[str, Any]], field: str | None = None) -> 
         except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
             continue
         nbytes.append(len(s[f]))
+        plain += bool(s[f][:3] == b"\xff\xd8\xff" and not _has_restarts(s[f]))
     if not sizes:
         return None
     arr = np.asarray(sizes, dtype=np.float64)
-    return ImageStats(len(sizes), float(arr[:, 0].mean()), float(arr[:, 1].mean()), float(np.mean(nbytes)))
+    return ImageStats(len(sizes), float(arr[:, 0].mean()), float(arr[:, 1].mean()), float(np.mean(nbytes)),
+                      plain / len(sizes))
+
+
+def _has_restarts(data: bytes) -> bool:
+    """A restart interval (DRI marker) among the JPEG's header segments, before its scan."""
+    pos = 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xDD:
+            return True
+        if marker == 0xDA:
+            return False
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return False
 
 
 # ---------------------------------------------------------------------- decode

@@ -177,6 +177,10 @@ def test_large_jpegs_are_decode_bound(heavy: Path) -> None:
     profile = report.stage("loader").figures["profile"]
     assert profile["decode_s"] > 2 * profile["read_s"]  # the workers' own timings say: decoding
     assert "--max-side" in report.verdict.fix and "decode='dali'" in report.verdict.fix
+    from fastfeed.decode import roi
+
+    if roi.available():  # plain JPEGs: the restart-marker re-pack is suggested too
+        assert "--jpeg-restarts" in report.verdict.fix
     dali = report.stage("dali")
     assert dali is not None and dali.skipped  # no GPU here: skipped, with the reason
     _figures_from_measure(report)
@@ -292,3 +296,15 @@ def test_dali_stage_measures_the_dali_loader(small: Path) -> None:
     (stage,) = stages
     assert stage.key == "dali" and stage.skipped is None and stage.samples_per_s > 0
     assert isinstance(stage.measurement, Measurement) and stage.samples_per_s == stage.measurement.samples_per_s
+
+
+def test_image_stats_count_plain_jpegs() -> None:
+    from fastfeed.decode import roi
+    from fastfeed.doctor_probes import image_stats
+    from fastfeed.synth import make_jpeg
+
+    plain = make_jpeg(np.random.default_rng(0), (64, 48))
+    assert image_stats([{"jpg": plain}] * 4).plain_jpeg_share == 1.0
+    if roi.available():
+        rst = roi.add_restarts(plain)
+        assert image_stats([{"jpg": plain}, {"jpg": rst}]).plain_jpeg_share == 0.5
