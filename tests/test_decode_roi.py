@@ -322,3 +322,28 @@ def test_restart_file_damage_is_still_an_error() -> None:
     assert used is False  # never cut from a scan whose markers do not add up
     with pytest.raises(ValueError):
         roi.add_restarts(b"\xff\xd8\xff\xe0 not a jpeg")
+
+
+@needs_roi
+def test_corrupt_restart_files_never_crash() -> None:
+    """The segment cutter parses markers itself: damaged headers, scans and markers anywhere."""
+    data = roi.add_restarts(make_jpeg(np.random.default_rng(9), (200, 150), quality=90))
+    rng = np.random.default_rng(10)
+    m = roi._module()
+    cut_used = 0
+    for _ in range(400):
+        bad = bytearray(data)
+        n = int(rng.integers(1, 6))
+        for pos in rng.integers(2, len(bad) - 2, n):
+            bad[pos] = int(rng.choice([0xFF, 0xD0, 0xDD, 0xDA, 0xD9, 0x00, int(rng.integers(0, 256))]))
+        if rng.random() < 0.2:  # truncations too
+            bad = bad[: int(rng.integers(4, len(bad)))]
+        h, w = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+        top, left = int(rng.integers(0, 150 - h)), int(rng.integers(0, 200 - w))
+        out = np.empty((h, w, 3), np.uint8)
+        try:
+            cut_used += bool(m.decode_crop(bytes(bad), out, int(rng.choice([1, 2])), top // 2, left // 2, h // 2 + 1,
+                                           w // 2 + 1))
+        except ValueError:
+            pass
+    assert cut_used > 0  # damage outside the crop's segments, with markers intact, still cuts
