@@ -181,25 +181,32 @@ def fastfeed_dali(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Ca
     return dl, forever
 
 
-def handwritten_dali(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
-    """A DALI pipeline as DALI's documentation writes it, on fastfeed's shards and index files."""
+def handwritten_dali(ds: Path, knobs: dict[str, Any], cfg: Config, *, decoder_extra: dict[str, Any] | None = None,
+                     resize_extra: dict[str, Any] | None = None, seed: int = 0,
+                     shard: tuple[int, int] = (0, 1)) -> tuple[Any, Callable[[], Iterator[Any]]]:
+    """A DALI pipeline as DALI's documentation writes it, on fastfeed's shards and index files.
+
+    The keyword arguments are for ``benchmarks/dali_variants.py``: extra decoder / resize
+    options, the pipeline's seed, and (shard_id, num_shards) of the reader.
+    """
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     index = json.loads((ds / "index.json").read_text())
     paths = [str(ds / s["name"]) for s in index["shards"]]
     index_paths = [str(ds / s["dali_index"]) for s in index["shards"]]
-    decoder: dict[str, Any] = {"device": "mixed" if cfg.gpu else "cpu"}
+    decoder: dict[str, Any] = {"device": "mixed" if cfg.gpu else "cpu", **(decoder_extra or {})}
     if cfg.gpu:
         decoder["hw_decoder_load"] = knobs["hw_decoder_load"]
 
     @pipeline_def(batch_size=cfg.batch_size, num_threads=knobs["num_threads"], device_id=cfg.device_id,
-                  prefetch_queue_depth=knobs["prefetch_queue_depth"], seed=0)
+                  prefetch_queue_depth=knobs["prefetch_queue_depth"], seed=seed)
     def pipeline() -> Any:
         jpegs, cls = fn.readers.webdataset(paths=paths, index_paths=index_paths, ext=["jpg", "cls"],
-                                           random_shuffle=True, name="Reader")
+                                           random_shuffle=True, shard_id=shard[0], num_shards=shard[1],
+                                           name="Reader")
         images = fn.decoders.image_random_crop(jpegs, output_type=types.RGB, **decoder)
-        images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size)
+        images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, **(resize_extra or {}))
         images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
                                           mirror=fn.random.coin_flip(probability=0.5))
         labels = fn.pad(cls, fill_value=0, shape=[8])  # the class id's ASCII digits, fixed length

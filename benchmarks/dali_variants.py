@@ -31,12 +31,13 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.dali_gpu import Config, fastfeed_dali, prepare  # noqa: E402
+from benchmarks.dali_gpu import Config, fastfeed_dali, handwritten_dali, prepare  # noqa: E402
 
 
 def _largest_image(ds: Path) -> tuple[int, int]:
@@ -60,40 +61,16 @@ def _largest_image(ds: Path) -> tuple[int, int]:
 
 
 def handwritten(ds: Path, cfg: Config, *, batch_size: int, num_threads: int, hw_decoder_load: float,
-                prefetch_queue_depth: int, decoder_extra: dict[str, Any] | None = None,
-                resize_extra: dict[str, Any] | None = None, seed: int = 0, shard: tuple[int, int] = (0, 1)
-                ) -> Callable[[], Iterator[Any]]:
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+                prefetch_queue_depth: int, **extra: Any) -> Callable[[], Iterator[Any]]:
+    """dali_gpu.py's hand-written pipeline at this setting, yielding image batches."""
+    knobs = {"num_threads": num_threads, "hw_decoder_load": hw_decoder_load,
+             "prefetch_queue_depth": prefetch_queue_depth}
+    _, forever = handwritten_dali(ds, knobs, replace(cfg, batch_size=batch_size), **extra)
 
-    index = json.loads((ds / "index.json").read_text())
-    paths = [str(ds / s["name"]) for s in index["shards"]]
-    index_paths = [str(ds / s["dali_index"]) for s in index["shards"]]
-
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=cfg.device_id,
-                  prefetch_queue_depth=prefetch_queue_depth, seed=seed)
-    def pipeline() -> Any:
-        jpegs, cls = fn.readers.webdataset(paths=paths, index_paths=index_paths, ext=["jpg", "cls"],
-                                           random_shuffle=True, shard_id=shard[0], num_shards=shard[1],
-                                           name="Reader")
-        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
-                                               hw_decoder_load=hw_decoder_load, **(decoder_extra or {}))
-        images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, **(resize_extra or {}))
-        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
-                                          mirror=fn.random.coin_flip(probability=0.5))
-        return images, fn.pad(cls, fill_value=0, shape=[8]).gpu()
-
-    pipe = pipeline()
-    pipe.build()
-    it = DALIGenericIterator([pipe], ["image", "label"], reader_name="Reader",
-                             last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
-
-    def forever() -> Iterator[Any]:
-        while True:
-            for batch in it:
-                yield batch[0]["image"]
-
-    return forever
+    def images() -> Iterator[Any]:
+        for batch in forever():
+            yield batch["image"]
+    return images
 
 
 def alternate(*streams: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
@@ -179,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ff(ds: Path, cfg: Config, base: dict[str, Any]) -> Callable[[], Iterator[Any]]:
-    from dataclasses import replace
-
     knobs = {k: v for k, v in base.items() if k != "batch_size"}
     _, forever = fastfeed_dali(ds, knobs, replace(cfg, batch_size=base["batch_size"]))
 
