@@ -268,11 +268,12 @@ class _LengthSampler:
         else:
             kept = [t for t in tried if t[2] >= AUTO_PADDING_FLOOR]
             pick = kept[-1] if kept else tried[0]
-            why = ("repeat target not reachable within the padding floor; kept the padding"
-                   if len(tried) < len(AUTO_JITTERS) or kept else "largest tried")
-            log.info("jitter='auto': co-batch repeat <= %.0f%% needs padding below %.2f here; using jitter %.2f "
-                     "(repeat %.2f%%, padding %.3f); pass jitter= to choose another trade-off",
-                     100 * AUTO_REPEAT_TARGET, AUTO_PADDING_FLOOR, pick[0], 100 * pick[1], pick[2])
+            if tried[-1][2] < AUTO_PADDING_FLOOR:
+                why = f"co-batch repeat <= {AUTO_REPEAT_TARGET:.0%} needs padding below {AUTO_PADDING_FLOOR} here"
+            else:
+                why = f"co-batch repeat still over {AUTO_REPEAT_TARGET:.0%} at the widest jitter tried"
+            log.info("jitter='auto': %s; using jitter %.2f (repeat %.2f%%, padding %.3f); pass jitter= to "
+                     "choose another trade-off", why, pick[0], 100 * pick[1], pick[2])
         self.jitter_report = {"jitter": pick[0], "repeat": pick[1], "padding": pick[2], "why": why,
                               "tried": [{"jitter": j, "repeat": r, "padding": p} for j, r, p in tried]}
         return pick[0]
