@@ -65,8 +65,11 @@ typedef struct {
     const unsigned char *data;
     unsigned long size;
     unsigned char *out;
+    size_t out_len; /* bytes of out */
     int denom, top, left, height, width;
+    int wide; /* 1: rows may be written whole-iMCU wide (out_cols), the crop at column skip */
     /* results */
+    int out_cols, skip; /* pixels per row written to out, and the crop's first column in it */
     int status; /* 0 ok, 1 libjpeg error/warning, 2 unsupported, 3 crop outside image */
     int restarts; /* 1: decoded through the restart-marker fast path */
     int img_h, img_w, colorspace;
@@ -271,6 +274,8 @@ static void run_crop(roi_job *job) {
         if (sub.status == 0) {
             job->status = 0;
             job->restarts = 1;
+            job->out_cols = sub.out_cols;
+            job->skip = sub.skip;
             return;
         } /* else: the general path decides (and words the error) */
     }
@@ -410,14 +415,18 @@ static void run_crop_on(roi_job *job) {
     int batch = cinfo.rec_outbuf_height > 0 ? cinfo.rec_outbuf_height : 1;
     JSAMPROW ptrs[16];
     if (batch > 16) batch = 16;
-    rows = (unsigned char *)malloc(row_bytes * (size_t)batch);
-    if (rows == NULL) {
-        job->status = 1;
-        snprintf(job->message, sizeof job->message, "out of memory");
-        jpeg_destroy_decompress(&cinfo);
-        return;
+    /* wide: libjpeg writes the widened rows straight into out (no row buffer, no copy) */
+    int direct = job->wide && (size_t)job->height * row_bytes <= job->out_len;
+    if (!direct) {
+        rows = (unsigned char *)malloc(row_bytes * (size_t)batch);
+        if (rows == NULL) {
+            job->status = 1;
+            snprintf(job->message, sizeof job->message, "out of memory");
+            jpeg_destroy_decompress(&cinfo);
+            return;
+        }
+        for (int i = 0; i < batch; i++) ptrs[i] = rows + row_bytes * (size_t)i;
     }
-    for (int i = 0; i < batch; i++) ptrs[i] = rows + row_bytes * (size_t)i;
     if (job->top > 0) {
         JDIMENSION want = (JDIMENSION)job->top;
         while (want > 0) {
@@ -427,14 +436,28 @@ static void run_crop_on(roi_job *job) {
         }
     }
     int done = 0;
-    while (done < job->height) {
-        JDIMENSION n = jpeg_read_scanlines(&cinfo, ptrs, (JDIMENSION)batch);
-        if (n == 0) break;
-        for (JDIMENSION i = 0; i < n && done < job->height; i++, done++)
-            memcpy(job->out + out_row * (size_t)done, ptrs[i] + skip_cols, out_row);
+    if (direct) {
+        while (done < job->height) {
+            int want = job->height - done < batch ? job->height - done : batch;
+            for (int i = 0; i < want; i++) ptrs[i] = job->out + row_bytes * (size_t)(done + i);
+            JDIMENSION n = jpeg_read_scanlines(&cinfo, ptrs, (JDIMENSION)want);
+            if (n == 0) break;
+            done += (int)n;
+        }
+        job->out_cols = (int)cw;
+        job->skip = job->left - (int)xoff;
+    } else {
+        while (done < job->height) {
+            JDIMENSION n = jpeg_read_scanlines(&cinfo, ptrs, (JDIMENSION)batch);
+            if (n == 0) break;
+            for (JDIMENSION i = 0; i < n && done < job->height; i++, done++)
+                memcpy(job->out + out_row * (size_t)done, ptrs[i] + skip_cols, out_row);
+        }
+        free(rows);
+        rows = NULL;
+        job->out_cols = job->width;
+        job->skip = 0;
     }
-    free(rows);
-    rows = NULL;
     if (done < job->height) {
         job->status = 1;
         snprintf(job->message, sizeof job->message, "decoder stopped after %d of %d rows", done, job->height);
@@ -469,8 +492,8 @@ static PyObject *roi_decode_crop(PyObject *self, PyObject *args) {
     roi_job job;
     (void)self;
     memset(&job, 0, sizeof job);
-    if (!PyArg_ParseTuple(args, "y*w*iiiii:decode_crop", &data, &out, &job.denom, &job.top, &job.left,
-                          &job.height, &job.width))
+    if (!PyArg_ParseTuple(args, "y*w*iiiii|p:decode_crop", &data, &out, &job.denom, &job.top, &job.left,
+                          &job.height, &job.width, &job.wide))
         return NULL;
     if (job.denom != 1 && job.denom != 2 && job.denom != 4 && job.denom != 8) {
         PyErr_Format(PyExc_ValueError, "scale_denom=%d; use 1, 2, 4 or 8", job.denom);
@@ -485,6 +508,7 @@ static PyObject *roi_decode_crop(PyObject *self, PyObject *args) {
     job.data = (const unsigned char *)data.buf;
     job.size = (unsigned long)data.len;
     job.out = (unsigned char *)out.buf;
+    job.out_len = (size_t)out.len;
     Py_BEGIN_ALLOW_THREADS
     run_crop(&job);
     Py_END_ALLOW_THREADS
@@ -494,6 +518,8 @@ static PyObject *roi_decode_crop(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "JPEG: %s", job.message);
         return NULL;
     }
+    if (job.wide) /* (restart path used, pixels per row written, the crop's first column) */
+        return Py_BuildValue("(Oii)", job.restarts ? Py_True : Py_False, job.out_cols, job.skip);
     return PyBool_FromLong(job.restarts); /* True: cut out of the compressed data by restart segments */
 fail:
     PyBuffer_Release(&data);
@@ -504,8 +530,9 @@ fail:
 static PyMethodDef roi_methods[] = {
     {"header", roi_header, METH_VARARGS, "header(data) -> (height, width, jpeg colorspace number)"},
     {"decode_crop", roi_decode_crop, METH_VARARGS,
-     "decode_crop(data, out, scale_denom, top, left, height, width) -> bool: RGB crop of the scaled image "
-     "into out; True when cut by restart segments"},
+     "decode_crop(data, out, scale_denom, top, left, height, width, wide=False) -> bool: RGB crop of the "
+     "scaled image into out; True when cut by restart segments. wide=True: rows may be written wider "
+     "(whole iMCUs) when out has room; returns (bool, pixels per row, first column of the crop)"},
     {"add_restarts", roi_add_restarts, METH_VARARGS,
      "add_restarts(data) -> bytes: the same JPEG, losslessly, with a restart marker after every MCU"},
     {NULL, NULL, 0, NULL},

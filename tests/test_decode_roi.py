@@ -288,6 +288,33 @@ def test_restart_crops_match_the_general_path(size: tuple[int, int]) -> None:
 
 
 @needs_roi
+@pytest.mark.parametrize("size", [(333, 251), (97, 61), (17, 9)])
+def test_wide_rows_are_the_same_pixels_without_the_copy(size: tuple[int, int]) -> None:
+    """decode_crop(..., wide=True) lets libjpeg write whole-iMCU rows into the scratch."""
+    rng = np.random.default_rng(size[1])
+    m = roi._module()
+    for subsampling in (0, 1, 2):
+        data = encode(photo(size, seed=subsampling), quality=90, subsampling=subsampling)
+        for src in (data, roi.add_restarts(data)):
+            for denom in (1, 2, 4, 8):
+                sh, sw = -(-size[1] // denom), -(-size[0] // denom)
+                for _ in range(6):
+                    h, w = int(rng.integers(1, sh + 1)), int(rng.integers(1, sw + 1))
+                    top, left = int(rng.integers(0, sh - h + 1)), int(rng.integers(0, sw - w + 1))
+                    want = np.empty((h, w, 3), np.uint8)
+                    used = m.decode_crop(src, want, denom, top, left, h, w)
+                    scratch = np.zeros(roi.scratch_size(h, w), np.uint8)
+                    used_wide, cols, skip = m.decode_crop(src, scratch, denom, top, left, h, w, True)
+                    assert used_wide == used and cols >= w and 0 <= skip <= cols - w
+                    got = roi.decode_crop(src, denom, (top, left, h, w), scratch)
+                    assert got is not None and np.shares_memory(got, scratch)
+                    assert np.array_equal(got, want), (denom, top, left, h, w)
+                    # too small a scratch for wide rows: the packed layout, the same pixels
+                    small = np.empty(h * w * 3, np.uint8)
+                    assert np.array_equal(roi.decode_crop(src, denom, (top, left, h, w), small), want)
+
+
+@needs_roi
 def test_restart_grayscale_and_orientation_through_the_decoder() -> None:
     gray = roi.add_restarts(encode(photo((97, 61)).convert("L"), quality=90))
     arr = roi.decode_crop(gray, 1, (20, 30, 30, 40))

@@ -295,8 +295,9 @@ class ImageDecoder:
         rect = (y0, x0, y1 - y0, x1 - x0)
         if orientation != 1:
             rect = roi.stored_rect(rect, orientation=orientation, stored_hw=(sh, sw))
-        if self._scratch.size < rect[2] * rect[3] * 3:
-            self._scratch = np.empty(rect[2] * rect[3] * 3, np.uint8)
+        need = roi.scratch_size(rect[2], rect[3])
+        if self._scratch.size < need:
+            self._scratch = np.empty(need, np.uint8)
         crop = roi.decode_crop(data, d, rect, self._scratch)
         if crop is None:
             return False

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "decode_crop", "header", "stored_rect"]
+__all__ = ["available", "decode_crop", "header", "scratch_size", "stored_rect"]
 
 _MODULE: Any = None
 _LOADED = False
@@ -132,17 +132,35 @@ def decode_crop(data: bytes | memoryview, denom: int, rect: tuple[int, int, int,
     """RGB ``(height, width, 3)`` uint8 pixels of ``rect`` of the stored image at scale 1/denom.
 
     ``rect`` is ``(top, left, height, width)`` in the image as libjpeg scales it
-    (``ceil(size / denom)``). With ``scratch`` (a 1-D uint8 array of at least
-    ``height * width * 3`` bytes) the result is a view of it, which saves allocating
-    (and page-faulting) a fresh buffer per image. Returns None when the extension
-    declines the image (unsupported colour space, corrupt or truncated data): decode it
-    some other way.
+    (``ceil(size / denom)``). With ``scratch`` (a 1-D uint8 array) the result is a view
+    of it, which saves allocating (and page-faulting) a fresh buffer per image. When
+    ``scratch`` holds :func:`scratch_size` bytes, libjpeg writes its rows (widened to whole
+    blocks) straight into it and the result is a strided view of those rows, with no copy.
+    Returns None when the extension declines the image (unsupported colour space, corrupt
+    or truncated data): decode it some other way.
+
+    Example:
+        >>> scratch = np.empty(scratch_size(100, 120), np.uint8)  # doctest: +SKIP
+        >>> decode_crop(jpeg_bytes, 1, (10, 20, 100, 120), scratch).shape  # doctest: +SKIP
+        (100, 120, 3)
     """
     top, left, h, w = rect
     n = h * w * 3
-    out = np.empty(n, np.uint8) if scratch is None or scratch.size < n else scratch[:n]
+    if scratch is None or scratch.size < n:
+        scratch = np.empty(n, np.uint8)
     try:
-        _module().decode_crop(data, out, denom, top, left, h, w)
+        if scratch.size < scratch_size(h, w):
+            _module().decode_crop(data, scratch, denom, top, left, h, w)
+            return scratch[:n].reshape(h, w, 3)
+        _, cols, skip = _module().decode_crop(data, scratch, denom, top, left, h, w, True)
     except ValueError:
         return None
-    return out.reshape(h, w, 3)
+    return scratch[: h * cols * 3].reshape(h, cols, 3)[:, skip: skip + w]
+
+
+def scratch_size(height: int, width: int) -> int:
+    """Bytes of scratch that let :func:`decode_crop` skip its row copy for a crop this size.
+
+    libjpeg widens a cropped row to whole iMCUs (at most 32 pixels each side).
+    """
+    return height * (width + 64) * 3
