@@ -125,7 +125,10 @@ class ShardBatches(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
         epoch, start = self._position.get()
         plan = self.plan(epoch)
-        for b in worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker):
+        mine = worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker)
+        for i, b in enumerate(mine):
+            if i + 1 < len(mine):  # the next batch's reads start while this one decodes
+                self.source.will_need(plan.batch(mine[i + 1]))
             yield self.make_batch(plan.batch(b), epoch)
 
     def make_batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:

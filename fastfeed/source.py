@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fastfeed.errors import ConfigError, IndexMismatchError, SampleError, ShardError
+from fastfeed.errors import ConfigError, FastfeedError, IndexMismatchError, SampleError, ShardError
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.tar_reader import FastTarReader
 from fastfeed.index import DatasetIndex
@@ -194,6 +194,27 @@ class ShardSource:
 
     def read_at(self, s: int, offset: int, size: int) -> dict[str, Any]:
         return self.reader(s).read(offset, size)
+
+    def will_need(self, ids: np.ndarray) -> None:
+        """Hint that samples ``ids`` are read soon: local tar shards start reading them in
+        the background (``posix_fadvise(WILLNEED)``). Shards not open yet, LMDB and remote
+        streams are left alone; never raises (the reads report any problem)."""
+        if self.index.format == "lmdb" or len(ids) == 0:
+            return
+        shards, locs = self.locate(np.asarray(ids))
+        for s, off, size in zip(shards.tolist(), locs[:, 0].tolist(), locs[:, 1].tolist()):
+            r = self._readers.get(s)
+            if r is None:
+                url = self.shard_name(s)
+                if is_url(url) or is_gzip_tar(url):
+                    continue
+                try:
+                    r = self.reader(s)
+                except (FastfeedError, OSError):  # the read itself reports it, with its context
+                    continue
+            hint = getattr(r, "will_need", None)
+            if hint is not None:
+                hint(off, size)
 
 
 def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseException) -> SampleError:

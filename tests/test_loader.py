@@ -210,3 +210,57 @@ def test_fastfeed_loader_is_callable_whatever_was_imported_first(text_data: Path
 
     assert callable(fastfeed.loader) and callable(module)
     assert len(module(text_data, batch_size=4, num_workers=0)) == 11
+
+
+def test_each_worker_hints_its_next_batch_to_the_kernel(image_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold page cache: the byte spans of a worker's next batch are handed to
+    posix_fadvise(WILLNEED) before the current batch is read, so reads overlap decoding."""
+    import os
+
+    from fastfeed.source import ShardSource
+
+    hinted: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def record(fd: int, offset: int, size: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_WILLNEED
+        hinted.append((offset, size))
+        real(fd, offset, size, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    dl = fastfeed.loader(image_data, batch_size=4, image_size=8, num_workers=0, seed=3)
+    batches = list(dl)
+    ds = dl.dataset
+    plan = ds.plan(0)
+    src: ShardSource = ds.source
+    want = []
+    for b in range(1, plan.num_batches):  # every batch but the first was hinted, in order
+        _, locs = src.locate(plan.batch(b))
+        want += [(int(o), int(s)) for o, s in locs]
+    assert hinted == want
+    assert sorted(keys_of(batches)) == [f"s{i:05d}" for i in range(25)]
+
+
+def test_read_hints_never_raise(tmp_path: Path) -> None:
+    """A hint for a missing shard or a stream is skipped; the read reports the problem."""
+    import io
+
+    from fastfeed.errors import ShardError
+    from fastfeed.formats.tar_reader import FastTarReader
+    from fastfeed.source import ShardSource
+
+    root = tmp_path / "d"
+    write_dataset(root, shard_counts=(3, 3), fields=image_fields)
+    src = ShardSource(DatasetIndex.load(root))
+    src.will_need(np.arange(6))
+    FastTarReader(io.BytesIO(b"\0" * 1024), name="stream").will_need(0, 512)
+    missing = FastTarReader(root / "nothing.tar")
+    missing.will_need(0, 512)
+    with pytest.raises(ShardError, match="nothing.tar: shard is missing"):
+        missing.read(0, 512)
+    shard = DatasetIndex.load(root).shard_path(1)
+    Path(shard).unlink()
+    fresh = ShardSource(DatasetIndex.load(root))
+    fresh.will_need(np.arange(6))  # shard 1 is gone: no error here
+    with pytest.raises(ShardError, match="shard is missing"):
+        fresh.read(4)

@@ -202,18 +202,32 @@ class FastTarReader:
         self._pid = -1
         self._slow: TarShardReader | None = None
 
+    def _open_fd(self) -> int:
+        if self._fd < 0 or self._pid != os.getpid():
+            try:
+                self._fd = os.open(self._path, os.O_RDONLY)  # type: ignore[arg-type]
+            except FileNotFoundError:
+                raise ShardError(f"{self._path}: shard is missing; restore it or re-run `fastfeed pack`") from None
+            self._pid = os.getpid()
+        return self._fd
+
     def _read_span(self, offset: int, size: int) -> bytes | memoryview:
         if self._path is None:
             f = self._source
             f.seek(offset)  # type: ignore[union-attr]
             return f.read(size)  # type: ignore[union-attr]
-        if self._fd < 0 or self._pid != os.getpid():
-            try:
-                self._fd = os.open(self._path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise ShardError(f"{self._path}: shard is missing; restore it or re-run `fastfeed pack`") from None
-            self._pid = os.getpid()
-        return os.pread(self._fd, size, offset)
+        return os.pread(self._open_fd(), size, offset)
+
+    def will_need(self, offset: int, size: int) -> None:
+        """Hint that ``size`` bytes at ``offset`` are read soon (a local file: the kernel
+        starts reading them now, in the background, so that many reads are in flight when
+        the page cache is cold). A no-op for streams; never raises."""
+        if self._path is None or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            os.posix_fadvise(self._open_fd(), offset, size, os.POSIX_FADV_WILLNEED)
+        except (OSError, ShardError):  # only a hint: the read itself reports any problem
+            pass
 
     def read(self, offset: int, size: int) -> dict[str, Any]:
         """The sample whose members start at ``offset`` and span ``size`` bytes."""
