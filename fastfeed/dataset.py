@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from fastfeed import bufpool
+from fastfeed.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.index import DatasetIndex
@@ -94,6 +96,7 @@ class ShardBatches(IterableDataset):
         self.num_batches = num_batches(source.index.num_samples, world_size=world_size,
                                        batch_size=batch_size, drop_last=drop_last)
         self._position = _Position()
+        self.pool: BufferPool | None = None  # set by the loader (persistent workers only)
         self._plan: EpochPlan | None = None
         self._plan_epoch = -1
 
@@ -123,6 +126,8 @@ class ShardBatches(IterableDataset):
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
+        if info is not None:
+            bufpool.activate(self.pool, worker)
         epoch, start = self._position.get()
         plan = self.plan(epoch)
         mine = worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker)
@@ -158,6 +163,9 @@ class ShardBatches(IterableDataset):
         batch = self.decoder.decode_batch(samples, ids[kept_arr], epoch, labels, fail)
         batch[SKIPPED_KEY] = skipped
         batch[TIMING_KEY] = (t1 - t0, time.perf_counter() - t1, time.process_time() - cpu0)
+        pooled = bufpool.active()
+        if pooled is not None:
+            batch[BUFFER_KEY] = pooled[0].claims()
         return batch
 
     def _labels(self, ids: np.ndarray) -> np.ndarray | None:

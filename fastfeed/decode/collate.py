@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fastfeed import bufpool
 from fastfeed.errors import ConfigError
 
 __all__ = ["batch_buffer", "collate", "nhwc_to_nchw"]
@@ -37,11 +38,16 @@ def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
     """An uninitialised uint8 tensor of ``shape`` and a numpy view of the same memory.
 
     Inside a DataLoader worker the storage is shared memory (as ``default_collate``
-    does), so sending it to the main process costs no copy.
+    does), so sending it to the main process costs no copy; with a loader's
+    :class:`~fastfeed.bufpool.BufferPool` it is a buffer the main process has let go of.
     """
     shape = tuple(int(s) for s in shape)
     t: torch.Tensor | None = None
-    if torch.utils.data.get_worker_info() is not None:
+    pooled = bufpool.active()
+    if pooled is not None and torch.utils.data.get_worker_info() is not None:
+        storage = pooled[0].take(pooled[1], math.prod(shape))
+        t = torch.empty(0, dtype=torch.uint8).set_(storage)[: math.prod(shape)].view(shape)
+    elif torch.utils.data.get_worker_info() is not None:
         try:
             storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(
                 max(1, math.prod(shape))
