@@ -85,12 +85,13 @@ s3)
 loadercpu)
   # issue 3 on 16 cores: fastfeed vs torchvision ImageFolder (PIL and torchvision.io) and webdataset,
   # 14 workers each, generated ImageNet-like JPEGs (FFCV is not installable there; it is measured on python).
+  # Run the roi stage first (region decoding); LC_ARGS=--jpeg-restarts for restart-marker shards.
   W=/tmp/whl-s3; [ -d .whl-s3 ] && W=.whl-s3
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-wds \
       "$W"/webdataset-*.whl "$W"/braceexpand-*.whl "$W"/pyyaml-*.whl || exit 1
   PYTHONPATH=/tmp/site-wds:$PYTHONPATH taskset -c ${LC_CORES:-0-15} python3 benchmarks/loader_cpu.py --datasets synth \
       --peers fastfeed,imagefolder,imagefolder-tvio,webdataset --caches warm --workers 14 --time 10 \
-      --repeat ${LC_REPEAT:-2} --json "$OUT/loader_cpu.json" 2>&1 | tee "$OUT/loader_cpu.log" ;;
+      --repeat ${LC_REPEAT:-2} ${LC_ARGS:-} --json "$OUT/loader_cpu.json" 2>&1 | tee "$OUT/loader_cpu.log" ;;
 roi)
   # issue 3: region-of-interest JPEG decoding. Builds the optional C extension fastfeed/_jpegroi in place
   # for this python (needs gcc, jpeglib.h and Python.h; without them the loader decodes whole images and
