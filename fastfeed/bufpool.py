@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["BUFFER_KEY", "BufferPool", "activate", "active"]
 
@@ -64,7 +65,7 @@ class BufferPool:
         self.flags = torch.zeros(max(1, self.num_workers * self.slots), dtype=torch.uint8).share_memory_()
         self._buffers: dict[int, torch.UntypedStorage] = {}  # worker side: slot -> storage
         self._claims: list[int] = []  # worker side: slots taken for the batch being made
-        self._held: dict[int, Any] = {}  # main side: slot -> StorageWeakRef of the batch
+        self._held: dict[int, StorageWeakRef] = {}  # main side: slot -> weak reference to the batch
         # per worker: buffers refilled, buffers made fresh (shared, so the main process sees them)
         self.counts = torch.zeros((max(1, self.num_workers), 2), dtype=torch.int64).share_memory_()
 
@@ -115,8 +116,6 @@ class BufferPool:
     # ------------------------------------------------------------------ main side
     def received(self, slots: list[int], tensor: Any) -> None:
         """The main process got a batch made in ``slots``; ``tensor`` is its image tensor."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         for k in slots:
             if not 0 <= k < self.num_slots:
                 continue
