@@ -35,7 +35,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(PY) -m fastfeed.demo --root demo-data
+	$(PY) -m tools.demo --root demo-data
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)

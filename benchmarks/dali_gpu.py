@@ -8,7 +8,7 @@ originals, and with ``--max-side 500`` (ImageNet-like sizes).
 Per dataset, every loader does the same work: random-resized-crop decode -> 224x224 ->
 random flip -> uint8 NCHW batches on the GPU (labels too):
 
-- ``fastfeed dali``: ``fastfeed.loader(decode="dali")`` (here :func:`fastfeed.decode.dali.dali_loader`);
+- ``fastfeed dali``: ``fastfeed.loader(decode="dali")`` (here :func:`fastfeed.loading.dali.backend.dali_loader`);
 - ``hand-written dali``: what a DALI user writes from DALI's docs on the same shards and
   index files (``fn.readers.webdataset`` with ``random_shuffle``, ``decoders.image_random_crop``
   mixed, ``resize``, ``crop_mirror_normalize``, ``DALIGenericIterator``);
@@ -29,7 +29,7 @@ fastfeed and the hand-written pipeline always run at the same setting (DALI's
    favours neither; it is stored as this dataset's tune result (what ``"auto"`` uses);
 3. at that best setting, A-B-B-A again with full-length measurements.
 
-Steady-state img/s come from the one measuring core (:func:`fastfeed.measure.measure`),
+Steady-state img/s come from the one measuring core (:func:`fastfeed.timing.measure.measure`),
 with every batch synchronised on the GPU, over epochs streamed back to back; each line
 also gives the training thread's CPU time per image (what feeding and batch assembly
 cost the thread that runs the training step).
@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import REPO, SHARED_SAMPLE, Result, environment, replicated_sample  # noqa: E402
 from benchmarks._common import log as _log  # noqa: E402
-from fastfeed.measure import Measurement, measure  # noqa: E402
+from fastfeed.timing.measure import Measurement, measure  # noqa: E402
 
 DALI_DEFAULTS = {"num_threads": 4, "hw_decoder_load": 0.65, "prefetch_queue_depth": 2}
 """DALI's own defaults (hw_decoder_load, prefetch_queue_depth) and the thread count of
@@ -157,7 +157,7 @@ def _sync(cfg: Config) -> Callable[[Any], None]:
 
 
 def fastfeed_dali(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
-    from fastfeed.decode.dali import dali_loader
+    from fastfeed.loading.dali.backend import dali_loader
 
     dl = dali_loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size,
                      device_id=cfg.device_id, **knobs)
@@ -251,7 +251,7 @@ def torchvision_gpu(ds: Path, cfg: Config) -> tuple[Any, Callable[[], Iterator[A
     from torchvision.transforms import v2
 
     from fastfeed.formats.tar import TarShardReader
-    from fastfeed.index import DatasetIndex
+    from fastfeed.packed.index import DatasetIndex
 
     index = DatasetIndex.load(ds)
     encoded = [torch.frombuffer(bytearray(s["jpg"]), dtype=torch.uint8)
@@ -411,10 +411,10 @@ def store_tune_result(ds: Path, setting: Setting, rate: float, cfg: Config, how:
     and check that ``"auto"`` picks it up."""
     import datetime
 
-    from fastfeed.decode.dali import dali_loader
+    from fastfeed.loading.dali.backend import dali_loader
     from fastfeed.dist import local_world_size
-    from fastfeed.index import DatasetIndex
-    from fastfeed.tune_store import TuneKey, TuneRecord, save_record
+    from fastfeed.packed.index import DatasetIndex
+    from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
 
     index = DatasetIndex.load(ds)
     batch = setting["batch_size"]
@@ -445,7 +445,7 @@ def tune_knobs(ds: Path, cfg: Config) -> tuple[dict[str, Any], str]:
 def feed_cost(ds: Path, cfg: Config, batches: int = 200) -> float:
     """Microseconds per sample that fastfeed's feeder (plan -> views of the mapped shards
     gathered into one DALI TensorList, meta rows) costs the training thread."""
-    from fastfeed.decode.dali import dali_loader
+    from fastfeed.loading.dali.backend import dali_loader
 
     dl = dali_loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size,
                      device_id=cfg.device_id, **DALI_DEFAULTS)
@@ -572,7 +572,7 @@ def tiny_dataset(cfg: Config, samples: int = 2048) -> Path:
     import numpy as np
 
     import fastfeed
-    from fastfeed.synth import make_jpeg
+    from tools.synth import make_jpeg
 
     dst = cfg.work / f"tiny-{samples}"
     if not (dst / "index.json").is_file():
@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, search_depths=ints(args.depths))
     if args.batches:
         cfg = replace(cfg, search_batches=ints(args.batches), batch_size=ints(args.batches)[0])
-    from fastfeed.decode.dali import dali_available
+    from fastfeed.loading.dali.backend import dali_available
 
     if not dali_available():
         print("SKIPPED dali_gpu: NVIDIA DALI is not installed (pip install 'fastfeed[dali]'; on the "

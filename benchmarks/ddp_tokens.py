@@ -81,7 +81,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import fastfeed  # noqa: E402
-from fastfeed.costmodel import CostModel  # noqa: E402
+from fastfeed.sampling.costmodel import CostModel  # noqa: E402
 
 #: varlen attention: "flash" (varlen_attn), "nested" (jagged nested tensors) or "groups" (per-length SDPA)
 VARLEN: dict[str, Any] = {"impl": "nested", "groups": None}

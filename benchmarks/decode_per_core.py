@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import fastfeed  # noqa: E402
 from fastfeed.decode.geometry import FLIP, NUM_UNIFORMS, random_resized_crop, uniforms  # noqa: E402
-from fastfeed.synth import make_image_folder  # noqa: E402
+from tools.synth import make_image_folder  # noqa: E402
 
 
 def ffcv_ops(datas: list[bytes], batch: int, size: int, interp: str) -> Callable[[], int]:

@@ -7,13 +7,13 @@ the raw folder is passed as ``--source``), this script
    loader at its tuned or heuristic setting, ``--step-time`` as the training step) and
    prints its report;
 2. after each doctor run, measures the same loader setting the way ``benchmarks/tune.py``
-   and ``fastfeed tune`` do (``fastfeed.tune.measure_loader``, as long as the doctor
+   and ``fastfeed tune`` do (``fastfeed.tuning.api.measure_loader``, as long as the doctor
    measured it); ``--repeat`` rounds, interleaved, so both see the same load;
 3. prints the ratio of the medians, doctor / benchmark, for the loader (goal: within
    0.85-1.15, the measurement noise) and the doctor's wall time against its budget
    (goal: <= 1.5x the budget plus 15 s of start-up: worker launches, imports, the decode pool).
 
-Every figure comes from ``fastfeed.measure.measure``. On a machine with a GPU and NVIDIA
+Every figure comes from ``fastfeed.timing.measure.measure``. On a machine with a GPU and NVIDIA
 DALI the doctor also measures ``decode="dali"``.
 
 Run (dev machine, 2 cores)::
@@ -40,9 +40,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import environment, log, pack_once, synth_image_folder  # noqa: E402
 from fastfeed._util import parse_duration  # noqa: E402
-from fastfeed.doctor import doctor  # noqa: E402
-from fastfeed.tune import measure_loader  # noqa: E402
-from fastfeed.tune_space import Setting  # noqa: E402
+from fastfeed.diagnosis.api import doctor  # noqa: E402
+from fastfeed.tuning.api import measure_loader  # noqa: E402
+from fastfeed.loading.knobs import Setting  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

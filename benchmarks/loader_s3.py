@@ -6,7 +6,7 @@ objects (``loose/<class>/<name>.jpg``) and packed into tar shards by ``fastfeed 
 (``packed/``). Every configuration uses the same pipeline (fastfeed's CPU decoder:
 decode -> RandomResizedCrop -> flip -> one uint8 batch), the same batch size and the
 same number of DataLoader worker processes, and is measured by the one measuring core
-(:func:`fastfeed.measure.measure`: warm-up, then the median of windows of steady batches):
+(:func:`fastfeed.timing.measure.measure`: warm-up, then the median of windows of steady batches):
 
 ==================  ==========================================================================
 ``local``           ``fastfeed.loader`` over the packed folder on local disk (page cache warm)
@@ -61,8 +61,8 @@ sys.path.insert(0, str(REPO))
 import fastfeed  # noqa: E402
 from fastfeed.decode.cpu import CpuDecoder  # noqa: E402
 from fastfeed.host import cpu_count, host_info  # noqa: E402
-from fastfeed.index import DatasetIndex  # noqa: E402
-from fastfeed.measure import Measurement, measure  # noqa: E402
+from fastfeed.packed.index import DatasetIndex  # noqa: E402
+from fastfeed.timing.measure import Measurement, measure  # noqa: E402
 
 BUCKET = "fastfeed-bench"
 CREDS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench", "region_name": "us-east-1"}
@@ -153,7 +153,7 @@ class MotoProcess:
 # ---------------------------------------------------------------------- data
 def prepare_data(root: Path, images: int, per_shard: int) -> tuple[Path, Path]:
     """ImageFolder of generated JPEGs and its packed shards (reused when already there)."""
-    from fastfeed.synth import make_image_folder
+    from tools.synth import make_image_folder
 
     imgs, packed = root / f"imgs-{images}", root / f"packed-{images}-{per_shard}"
     if not (imgs / ".done").exists():

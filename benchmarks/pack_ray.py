@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from fastfeed._ray_local import RAY_ENV, LocalRayCluster
-    from fastfeed.pack import pack
+    from tools.ray_local import RAY_ENV, LocalRayCluster
+    from fastfeed.packing.api import pack
 
     os.environ.update(RAY_ENV)
     logging.basicConfig(level=logging.WARNING)

@@ -5,7 +5,7 @@ For each length distribution and world size, one epoch is planned by:
 - fastfeed DistributedLengthBucketSampler (fixed batch) and DistributedTokenBudgetSampler
   balancing on "tokens" (padded tokens), "attention" (+ n*max^2/6144) and "varlen";
 - torch DistributedSampler + fixed batch (the real torch index arithmetic, see
-  fastfeed.balance.distributed_sampler_batches, checked against torch in the tests);
+  fastfeed.sampling.balance.distributed_sampler_batches, checked against torch in the tests);
 - HF-style "megabatch" length grouping: a faithful re-implementation of
   transformers.trainer_pt_utils.get_length_grouped_indices (randperm, megabatches of
   50 x batch, each sorted longest first, longest batch first) with accelerate's
@@ -43,10 +43,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fastfeed.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats
-from fastfeed.costmodel import CostModel
-from fastfeed.planning import CostFn, Plan
-from fastfeed.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
+from fastfeed.sampling.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats
+from fastfeed.sampling.costmodel import CostModel
+from fastfeed.sampling.planning import CostFn, Plan
+from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 BATCH = 16          # fixed batch size per rank
 BUDGET = 16384      # padded tokens per batch (token budget)

@@ -20,7 +20,7 @@ flip -> uint8 batch), this script measures
 Goals: tuned >= 95% of the grid's best throughput; tune's measuring time <= 25% of the
 grid's; tuned >= 2x ``num_workers=0``.
 
-Every number comes from ``fastfeed.measure.measure`` (the tune module's
+Every number comes from ``fastfeed.timing.measure.measure`` (the tune module's
 ``measure_loader``), the same core tune uses. Grid results are saved after every setting
 in ``--state`` (JSON), so a run cut short (e.g. a 10-minute limit) continues where it
 stopped when started again with the same arguments.
@@ -61,16 +61,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fastfeed.host import cpu_count, host_info  # noqa: E402
-from fastfeed.index import DatasetIndex  # noqa: E402
-from fastfeed.tune import measure_loader, tune  # noqa: E402
-from fastfeed.tune_space import Setting  # noqa: E402
+from fastfeed.packed.index import DatasetIndex  # noqa: E402
+from fastfeed.tuning.api import measure_loader, tune  # noqa: E402
+from fastfeed.loading.knobs import Setting  # noqa: E402
 
 
 # ---------------------------------------------------------------------- data
 def _pack_with_writers(src: Path, dst: Path, shard_samples: int = 1000) -> None:
     """Pack an ImageFolder with the shard writers (used when fastfeed.pack is absent)."""
     from fastfeed.formats import FORMATS
-    from fastfeed.index import ShardInfo
+    from fastfeed.packed.index import ShardInfo
 
     writer_cls, _, suffix = FORMATS["tar"]
     classes = sorted(p.name for p in src.iterdir() if p.is_dir())
@@ -97,14 +97,14 @@ def make_dataset(root: Path, images: int, size: tuple[int, int]) -> Path:
     packed = root / f"packed-{images}-{size[0]}x{size[1]}"
     if DatasetIndex.exists(packed):
         return packed
-    from fastfeed.synth import make_image_folder
+    from tools.synth import make_image_folder
 
     src = root / f"jpeg-{images}-{size[0]}x{size[1]}"
     t = time.perf_counter()
     make_image_folder(src, num_images=images, num_classes=100, size=size, vary_size=True,
                       workers=cpu_count())
     try:
-        from fastfeed.pack import pack
+        from fastfeed.packing.api import pack
     except ImportError:
         pack = None
     if pack is not None:

@@ -19,8 +19,6 @@ dependencies are only needed by the features that use them.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,51 +26,51 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "BadFileError": "fastfeed.errors",
-    "BalanceReport": "fastfeed.balance",
+    "BalanceReport": "fastfeed.sampling.balance",
     "ConfigError": "fastfeed.errors",
-    "CostModel": "fastfeed.costmodel",
-    "DatasetIndex": "fastfeed.index",
+    "CostModel": "fastfeed.sampling.costmodel",
+    "DatasetIndex": "fastfeed.packed.index",
     "DestinationError": "fastfeed.errors",
-    "DistributedLengthBucketSampler": "fastfeed.samplers",
-    "DistributedTokenBudgetSampler": "fastfeed.samplers",
-    "DoctorReport": "fastfeed.doctor_report",
+    "DistributedLengthBucketSampler": "fastfeed.sampling.samplers",
+    "DistributedTokenBudgetSampler": "fastfeed.sampling.samplers",
+    "DoctorReport": "fastfeed.diagnosis.report",
     "DuplicateKeyError": "fastfeed.errors",
     "EmptySourceError": "fastfeed.errors",
     "FastfeedError": "fastfeed.errors",
-    "FitReport": "fastfeed.costmodel",
+    "FitReport": "fastfeed.sampling.costmodel",
     "IndexMismatchError": "fastfeed.errors",
     "IndexVersionError": "fastfeed.errors",
-    "Loader": "fastfeed.loader",
-    "LoaderStats": "fastfeed.stats",
+    "Loader": "fastfeed.loading.api",
+    "LoaderStats": "fastfeed.loading.stats",
     "MissingDependencyError": "fastfeed.errors",
-    "PackPlan": "fastfeed.packplan",
-    "PoorFitWarning": "fastfeed.costmodel",
-    "ShapeSetupWarning": "fastfeed.calibration",
+    "PackPlan": "fastfeed.packing.plan",
+    "PoorFitWarning": "fastfeed.sampling.costmodel",
+    "ShapeSetupWarning": "fastfeed.sampling.calibration",
     "RemoteError": "fastfeed.errors",
     "SampleError": "fastfeed.errors",
     "ShardError": "fastfeed.errors",
-    "ShardPlan": "fastfeed.packplan",
-    "ShardResult": "fastfeed.packwrite",
+    "ShardPlan": "fastfeed.packing.plan",
+    "ShardResult": "fastfeed.packing.write",
     "SourceError": "fastfeed.errors",
     "StateError": "fastfeed.errors",
-    "TuneResult": "fastfeed.tune",
+    "TuneResult": "fastfeed.tuning.report",
     "UnsafePathError": "fastfeed.errors",
-    "VerifyReport": "fastfeed.verify",
-    "balance_report": "fastfeed.balance",
-    "calibrate": "fastfeed.calibration",
-    "doctor": "fastfeed.doctor",
-    "finalize": "fastfeed.pack",
-    "fit_cost_model": "fastfeed.costmodel",
-    "info": "fastfeed.verify",
-    "loader": "fastfeed.loader",
-    "open_dataset": "fastfeed.dataset",
-    "pack": "fastfeed.pack",
-    "plan_pack": "fastfeed.packplan",
-    "resolve_lengths": "fastfeed.samplers",
+    "VerifyReport": "fastfeed.packed.checks",
+    "balance_report": "fastfeed.sampling.balance",
+    "calibrate": "fastfeed.sampling.calibration",
+    "doctor": "fastfeed.diagnosis.api",
+    "finalize": "fastfeed.packing.api",
+    "fit_cost_model": "fastfeed.sampling.costmodel",
+    "info": "fastfeed.packed.checks",
+    "loader": "fastfeed.loading.api",
+    "open_dataset": "fastfeed.loading.dataset",
+    "pack": "fastfeed.packing.api",
+    "plan_pack": "fastfeed.packing.plan",
+    "resolve_lengths": "fastfeed.sampling.samplers",
     "resolve_world": "fastfeed.dist",
-    "tune": "fastfeed.tune",
-    "verify": "fastfeed.verify",
-    "write_shard": "fastfeed.packwrite",
+    "tune": "fastfeed.tuning.api",
+    "verify": "fastfeed.packed.checks",
+    "write_shard": "fastfeed.packing.write",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -89,22 +87,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
-
-
-class _Package(types.ModuleType):
-    """Keeps public functions ahead of same-named submodules.
-
-    ``fastfeed.pack`` is the function even after ``fastfeed/pack.py`` was imported
-    (the import system sets the submodule as a package attribute). Import the module
-    itself with ``importlib.import_module("fastfeed.pack")`` or ``from fastfeed.pack import ...``.
-    """
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in _SHADOWED:
-            return __getattr__(name)
-        return super().__getattribute__(name)
-
-
-# public functions whose name is also a submodule's
-_SHADOWED = frozenset(n for n, m in _EXPORTS.items() if m == f"fastfeed.{n}")
-sys.modules[__name__].__class__ = _Package

@@ -105,7 +105,7 @@ class _PackBar:
 def _run_pack(args: argparse.Namespace) -> int:
     from fastfeed._util import format_bytes
     from fastfeed.errors import ConfigError
-    from fastfeed.pack import pack
+    from fastfeed.packing.api import pack
 
     workers: int | str = args.workers
     if workers != "auto":
@@ -148,7 +148,7 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 def _run_info(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.verify import info
+    from fastfeed.packed.checks import info
 
     d = info(args.dst)
     if args.json:
@@ -194,7 +194,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     import os
 
     from fastfeed.errors import ConfigError
-    from fastfeed.verify import verify
+    from fastfeed.packed.checks import verify
 
     if args.workers == "auto":
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -242,7 +242,7 @@ def _add_balance(p: argparse.ArgumentParser) -> None:
 def _run_balance(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.balance import balance_report
+    from fastfeed.sampling.balance import balance_report
 
     cost = args.model if args.model else args.cost
     max_cost = args.max_cost
@@ -291,8 +291,8 @@ def _add_tune(p: argparse.ArgumentParser) -> None:
 def _run_tune(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.search import Trial
-    from fastfeed.tune import tune
+    from fastfeed.tuning.search import Trial
+    from fastfeed.tuning.api import tune
 
     def progress(t: Trial) -> None:
         m = t.measurement
@@ -367,7 +367,7 @@ def _auto_int(value: str, name: str) -> int | str:
 def _run_doctor(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.doctor import doctor
+    from fastfeed.diagnosis.api import doctor
 
     def progress(stage: object) -> None:
         print(f"  measured {getattr(stage, 'name', stage)}", file=sys.stderr, flush=True)

@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fastfeed.formats import FORMATS
-from fastfeed.index import DatasetIndex, ShardInfo
-from fastfeed.synth import make_jpeg
+from fastfeed.packed.index import DatasetIndex, ShardInfo
+from tools.synth import make_jpeg
 
 Fields = Callable[[int, np.random.Generator], dict[str, bytes]]
 

@@ -77,7 +77,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 def shard_samples(dst: Path) -> list[dict]:
     """Every sample of a packed dataset, read by the index's offsets (random access)."""
     from fastfeed.formats import FORMATS
-    from fastfeed.index import DatasetIndex
+    from fastfeed.packed.index import DatasetIndex
 
     idx = DatasetIndex.load(dst)
     reader_cls = FORMATS[idx.format][1]

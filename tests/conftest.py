@@ -22,7 +22,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def small_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ImageFolder of photo-like JPEGs (3 classes, 60 images, mixed sizes)."""
-    from fastfeed.synth import make_image_folder
+    from tools.synth import make_image_folder
 
     root = tmp_path_factory.mktemp("imgs") / "train"
     return make_image_folder(root, num_images=60, num_classes=3, size=(96, 72), vary_size=True)

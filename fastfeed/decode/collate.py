@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from fastfeed import bufpool
+from fastfeed.decode import bufpool
 from fastfeed.errors import ConfigError
 
 __all__ = ["batch_buffer", "collate", "nhwc_to_nchw"]
@@ -39,7 +39,7 @@ def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
 
     Inside a DataLoader worker the storage is shared memory (as ``default_collate``
     does), so sending it to the main process costs no copy; with a loader's
-    :class:`~fastfeed.bufpool.BufferPool` it is a buffer the main process has let go of.
+    :class:`~fastfeed.decode.bufpool.BufferPool` it is a buffer the main process has let go of.
     """
     shape = tuple(int(s) for s in shape)
     t: torch.Tensor | None = None

@@ -20,7 +20,7 @@ palette, alpha and 16-bit images come out as 8-bit RGB (alpha dropped, as
 
 Example:
     >>> import numpy as np
-    >>> from fastfeed.synth import make_jpeg
+    >>> from tools.synth import make_jpeg
     >>> dec = ImageDecoder("pillow")
     >>> dst = np.empty((32, 32, 3), np.uint8)
     >>> dec.decode_into(make_jpeg(np.random.default_rng(0), (64, 48)), dst,

@@ -5,7 +5,7 @@ list of paths/URLs, a brace pattern (``s3://b/train/shard-{000000..000099}.tar``
 ``::``-joined patterns, or a glob; plain ``.tar`` and gzipped ``.tgz``/``.tar.gz``.
 :func:`open_index` loads the fastfeed index when there is one and otherwise calls
 :func:`scan_index`, which reads every tar's member headers once and builds a
-:class:`~fastfeed.index.DatasetIndex` (format ``"tar"``) in memory: per sample the
+:class:`~fastfeed.packed.index.DatasetIndex` (format ``"tar"``) in memory: per sample the
 offset of its first header and the byte span of its members, so every partition,
 shuffle, equal-steps and resume guarantee of the loader holds as for packed data.
 
@@ -17,7 +17,7 @@ difference: a hidden file in a folder (``train/._0001.jpg``, as macOS tar adds) 
 sample keyed ``train/`` in webdataset; fastfeed skips it and lists it in ``index.skipped``.
 
 Gzipped tars cannot be read by offset. They are decompressed once by
-:func:`fastfeed.remote.open_shard` (into ``cache_dir`` when given, else into memory or
+:func:`fastfeed.storage.remote.open_shard` (into ``cache_dir`` when given, else into memory or
 a temporary file per process) and offsets refer to the decompressed tar. With a
 ``cache_dir`` this costs the uncompressed size on disk once per host; without one,
 every worker decompresses each ``.tgz`` it reads (fine for small shards; pass
@@ -44,9 +44,9 @@ import numpy as np
 
 from fastfeed.errors import ConfigError, ShardError
 from fastfeed.formats.tar import split_key
-from fastfeed.index import DatasetIndex, ShardInfo, join
-from fastfeed.remote import RetryPolicy, is_url, local_path, object_size, open_shard
-from fastfeed.shardlist import SHARD_SUFFIXES, expand_braces, expand_shards, is_shard_name
+from fastfeed.packed.index import DatasetIndex, ShardInfo, join
+from fastfeed.storage.remote import RetryPolicy, is_url, local_path, object_size, open_shard
+from fastfeed.storage.shardlist import SHARD_SUFFIXES, expand_braces, expand_shards, is_shard_name
 
 __all__ = [
     "SHARD_SUFFIXES",
@@ -371,7 +371,7 @@ def open_index(
 
 def _refuse_unfinished_pack(folder: str) -> None:
     """A ``fastfeed pack`` output without its index is unfinished, not a WebDataset folder."""
-    from fastfeed.packplan import RESUME_DIR
+    from fastfeed.packing.plan import RESUME_DIR
 
     if os.path.isdir(os.path.join(folder, RESUME_DIR)):
         from fastfeed.errors import IndexMismatchError
@@ -394,8 +394,8 @@ def _load_remote_index(
     import json
 
     from fastfeed.errors import IndexMismatchError
-    from fastfeed.index import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME
-    from fastfeed.remote import read_bytes
+    from fastfeed.packed.index import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME
+    from fastfeed.storage.remote import read_bytes
 
     def fetch(name: str) -> bytes:
         return read_bytes(join(root, name), storage_options=storage_options, retry=retry)

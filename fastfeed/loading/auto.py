@@ -1,0 +1,143 @@
+"""What ``num_workers="auto"`` and ``prefetch_factor="auto"`` become in ``loader()``.
+
+A stored ``fastfeed tune`` result (:mod:`fastfeed.loading.tuned`) whose key matches wins;
+without one, :func:`heuristic_workers` decides and a one-line hint (once per process, local
+rank 0 only) says how to measure instead. The loader reads tuned settings here; the tuner
+(:mod:`fastfeed.tuning`) writes them, so loading never imports tuning.
+
+Example:
+    >>> heuristic_workers(32, 4)
+    7
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from fastfeed.dist import local_world_size
+from fastfeed.errors import ConfigError
+from fastfeed.host import cpu_count
+from fastfeed.loading.knobs import SearchSpace, space_for
+from fastfeed.loading.tuned import TuneKey, TuneRecord, find_record, normalize_image_size
+
+__all__ = ["HEURISTIC_MAX_WORKERS", "heuristic_workers", "lookup", "resolve_auto"]
+
+log = logging.getLogger(__name__)
+
+#: The heuristic never goes beyond this many workers per rank.
+HEURISTIC_MAX_WORKERS = 8
+_hinted = False
+
+
+def heuristic_workers(cores: int, local_ranks: int, space: SearchSpace | None = None) -> int:
+    """Workers per rank when nothing was measured: ``min(cores // local_ranks - 1, 8)``, >= 0.
+
+    Why: the ranks on a host share its cores, so each gets ``cores // LOCAL_WORLD_SIZE``;
+    one of those stays with the training process itself (the Python step loop, CUDA
+    launches, the pin-memory thread), or it competes with its own workers. Beyond 8
+    workers per rank, CPU decode for one GPU usually stops scaling while memory keeps
+    growing (each worker holds its own dataset state and ``prefetch_factor`` batches),
+    and PyTorch itself warns above the core count. With one core per rank this gives 0:
+    loading in the main process beats a worker that fights it for the core.
+
+    Example:
+        >>> heuristic_workers(32, 4), heuristic_workers(2, 1), heuristic_workers(64, 1), heuristic_workers(8, 8)
+        (7, 1, 8, 0)
+    """
+    n = max(0, min(cores // max(1, local_ranks) - 1, HEURISTIC_MAX_WORKERS))
+    if space is not None and space.workers is not None:
+        allowed = sorted(space.workers)
+        n = max((w for w in allowed if w <= n), default=allowed[0])
+    return n
+
+
+def _check_auto(name: str, value: Any, minimum: int) -> None:
+    if value == "auto" or value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be 'auto' or an integer >= {minimum}")
+
+
+def lookup(
+    index: Any, *, batch_size: int, decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+) -> TuneRecord | None:
+    """The stored tune result for this dataset, host, local world size and loader shape.
+
+    Decode modes read their own tuned knobs here (``record.knobs``).
+
+    Example:
+        >>> rec = lookup(DatasetIndex.load(root), batch_size=256, image_size=224)  # doctest: +SKIP
+        >>> rec.num_workers, rec.knobs                                             # doctest: +SKIP
+    """
+    key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
+                          image_size=image_size, local_world_size=local_world_size())
+    return find_record(str(getattr(index, "root", "") or ""), key)
+
+
+def resolve_auto(
+    index: Any,
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    num_workers: int | str = "auto",
+    prefetch_factor: int | str | None = "auto",
+) -> tuple[int, int | None, str]:
+    """Resolve ``"auto"`` worker and prefetch settings for ``loader()``.
+
+    Explicit integers pass through untouched. ``"auto"`` takes a stored ``fastfeed
+    tune`` result whose key matches (dataset fingerprint, host, ``LOCAL_WORLD_SIZE``,
+    batch size, decode mode, image size), else :func:`heuristic_workers` and a prefetch
+    factor of 2, with a one-line hint (once per process, local rank 0 only) to run
+    ``fastfeed tune``. An "auto" prefetch factor with explicit workers takes the tuned
+    factor only when the tuned worker count is the same. With 0 workers the prefetch
+    factor is always None (PyTorch rejects one), whatever was passed.
+
+    Returns:
+        ``(num_workers, prefetch_factor or None, source)`` where source is
+        ``"explicit"``, ``"tuned"`` or ``"heuristic"`` (what decided ``num_workers``).
+
+    Example:
+        >>> resolve_auto(idx, batch_size=256, num_workers=4, prefetch_factor=2)  # doctest: +SKIP
+        (4, 2, 'explicit')
+    """
+    _check_auto("num_workers", num_workers, 0)
+    _check_auto("prefetch_factor", prefetch_factor, 1)
+    if prefetch_factor is None:
+        prefetch_factor = "auto"
+    if isinstance(num_workers, int) and (num_workers == 0 or isinstance(prefetch_factor, int)):
+        return num_workers, (prefetch_factor if num_workers else None), "explicit"
+    rec = lookup(index, batch_size=batch_size, decode=decode, image_size=image_size)
+    space = space_for(decode)
+    if isinstance(num_workers, int):  # explicit workers, "auto" prefetch
+        tuned = rec is not None and rec.num_workers == num_workers
+        pf = rec.prefetch_factor if tuned and rec is not None else space.default_prefetch
+        return num_workers, pf, "explicit"
+    if rec is not None:
+        log.info("using tuned num_workers=%d prefetch_factor=%s from %s", rec.num_workers,
+                 rec.prefetch_factor, rec.path)
+        pf = rec.prefetch_factor if prefetch_factor == "auto" else prefetch_factor
+        return rec.num_workers, (pf if rec.num_workers else None), "tuned"
+    cores, ranks = cpu_count(), local_world_size()
+    workers = heuristic_workers(cores, ranks, space)
+    pf = space.default_prefetch if prefetch_factor == "auto" else prefetch_factor
+    _hint(index, workers, cores, ranks, batch_size, decode, image_size)
+    return workers, (pf if workers else None), "heuristic"
+
+
+def _hint(index: Any, workers: int, cores: int, ranks: int, batch_size: int,
+          decode: str | None, image_size: Any) -> None:
+    global _hinted
+    if _hinted or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    _hinted = True
+    size = normalize_image_size(image_size)
+    extra = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
+    extra += f" --decode {decode}" if decode not in ("cpu", None) else ""
+    log.warning(
+        "num_workers='auto' -> %d by heuristic (%d cores, LOCAL_WORLD_SIZE=%d); measure instead "
+        "with `fastfeed tune %s --batch-size %d%s`", workers, cores, ranks,
+        getattr(index, "root", "") or "DATASET", batch_size, extra)

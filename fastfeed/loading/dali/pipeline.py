@@ -1,0 +1,590 @@
+"""The DALI pipeline and the loader object around it (see :mod:`fastfeed.loading.dali.backend`).
+
+One pipeline lives as long as the loader. The loader feeds it the batches of
+:class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch,
+one batch ahead of what DALI runs (``Pipeline.feed_input``: a batch's images as one
+``TensorListCPU``, its ``meta`` rows ``(generation, epoch, step, id, label)``); each
+step starts DALI's next iteration before it builds the torch batch, so no Python runs
+between two DALI iterations. It matches every output to the batch it fed through the
+``meta`` columns, drops outputs of a superseded feed (after
+``set_epoch``/``load_state_dict``/an abandoned pass), and turns outputs into torch
+tensors the way DALI's own PyTorch iterator does (DLPack with DALI's dynamic executor,
+else a copy on the current CUDA stream).
+
+A pipeline that fails (a sample DALI cannot decode) is rebuilt; the culprit is found
+from DALI's message (``sample #k``) or by decoding the failed batch's images one by one
+with the same decoder, then raised as :class:`~fastfeed.errors.SampleError` or skipped
+and counted.
+
+Example:
+    >>> dl = DaliLoader(index, opts, dali=import_dali())        # doctest: +SKIP
+    >>> batch = next(iter(dl)); batch["image"].device            # doctest: +SKIP
+    device(type='cuda', index=0)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import time
+import weakref
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from fastfeed.loading.dali.feed import (
+    EPOCH,
+    GENERATION,
+    LABEL,
+    SAMPLE,
+    STEP,
+    BatchFeeder,
+    FedBatch,
+    FieldReader,
+    ShardMaps,
+    image_bytes,
+    placeholder_jpeg,
+    tensor_batch,
+    where,
+)
+from fastfeed.loading.dali.table import SampleTable, sample_table
+from fastfeed.loading.dali.backend import DaliOptions
+from fastfeed.errors import ConfigError, FastfeedError, SampleError
+from fastfeed.packed.index import DatasetIndex
+from fastfeed.loading.api import STATE_VERSION, check_state
+from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
+from fastfeed.loading.stats import LoaderStats
+
+__all__ = ["DaliLoader", "build_pipeline"]
+
+log = logging.getLogger(__name__)
+
+_SAMPLE_NO = re.compile(r"sample #(\d+)")
+_AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
+_TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last table read, reused
+
+
+# A DALI pipeline that is garbage (dropped, in a reference cycle) when the process forks
+# (a DataLoader starting its workers, say) would be destroyed by the child's garbage
+# collector, where its threads do not exist: the child then hangs in the pipeline's
+# destructor. Pipelines are therefore collected in the parent before a fork, and only when
+# one was dropped since the last fork or a loader still exists (no cost for processes that
+# never use DALI).
+_PIPELINES_CHANGED = False
+_LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _collect_before_fork() -> None:
+    global _PIPELINES_CHANGED
+    if _PIPELINES_CHANGED or len(_LOADERS):
+        _PIPELINES_CHANGED = False
+        gc.collect()
+
+
+def _pipelines_changed() -> None:
+    global _PIPELINES_CHANGED
+    _PIPELINES_CHANGED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_collect_before_fork)
+
+
+def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -> SampleTable:
+    """The dataset's :class:`SampleTable`, reused while the same dataset is loaded again
+    (``fastfeed tune`` builds one loader per measured setting)."""
+    key = (index.root, index.fingerprint, image_field)
+    table = _TABLES.get(key)
+    if table is None:
+        table = sample_table(index, image_field, storage_options)
+        _TABLES.clear()
+        _TABLES[key] = table
+    return table
+
+
+#: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
+ENCODED, META = "ff_encoded", "ff_meta"
+
+
+def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
+    """Define and build fastfeed's DALI pipeline, fed batch by batch through two inputs:
+    :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
+    :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
+    :data:`~fastfeed.loading.dali.feed.LABEL`).
+
+    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
+    """
+    fn, types = d.fn, d.types
+    h, w = o.image_size
+    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=o.num_threads, device_id=o.device_id,
+                      seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
+    decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": types.RGB}
+    if o.gpu:
+        decoder["hw_decoder_load"] = o.hw_decoder_load
+    with pipe:
+        encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
+        meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
+        labels = meta[LABEL]
+        if o.augment:
+            images = fn.decoders.image_random_crop(
+                encoded, random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
+                num_attempts=10, **decoder)
+            images = fn.resize(images, resize_x=w, resize_y=h)
+            mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
+        else:
+            anchor, shape = _center_box(d, encoded, o)
+            images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
+                                             normalized_anchor=False, normalized_shape=False, **decoder)
+            images = fn.resize(images, resize_x=w, resize_y=h)
+            mirror = 0
+        norm: dict[str, Any] = {}
+        if o.output != "uint8":
+            norm = {"mean": [255.0 * m for m in o.mean or ()], "std": [255.0 * s for s in o.std or ()]}
+        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.output]
+        images = fn.crop_mirror_normalize(
+            images, dtype=dtype, output_layout="CHW" if o.layout == "NCHW" else "HWC",
+            mirror=mirror, **norm)
+        pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
+    pipe.build()
+    return pipe
+
+
+def _center_box(d: Any, encoded: Any, o: DaliOptions) -> tuple[Any, Any]:
+    """The CPU path's evaluation crop (:func:`fastfeed.decode.geometry.center_crop`) as DALI
+    graph arithmetic on each image's header size: (top, left) and (height, width)."""
+    import nvidia.dali.math as dmath
+
+    out_h, out_w = o.image_size
+    size = d.fn.cast(d.fn.peek_image_shape(encoded), dtype=d.types.FLOAT)  # upright (H, W, C)
+    height, width = size[0], size[1]
+    scale = dmath.min(height, width) * (o.crop_fraction / max(out_h, out_w))
+    h = dmath.clamp(dmath.floor(scale * out_h + 0.5), 1.0, height)
+    w = dmath.clamp(dmath.floor(scale * out_w + 0.5), 1.0, width)
+    top, left = dmath.floor((height - h) * 0.5), dmath.floor((width - w) * 0.5)
+    return d.fn.stack(top, left), d.fn.stack(h, w)
+
+
+def _pipeline_seed(o: DaliOptions, epoch: int, step: int, builds: int) -> int:
+    ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
+    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+class DaliLoader:
+    """Batches of GPU-decoded images in fastfeed's order (see :mod:`fastfeed.loading.dali.backend`).
+
+    Not a ``torch.utils.data.DataLoader`` (nothing here is a Dataset with workers), so
+    Lightning and Accelerate pass it through untouched instead of re-wrapping its sampler.
+
+    Attributes:
+        batch_size: samples per batch.
+        options: the validated :class:`~fastfeed.loading.dali.backend.DaliOptions`.
+        index: the dataset index.
+        stats: per-step wait times, throughput and skipped samples.
+    """
+
+    def __init__(self, index: DatasetIndex, options: DaliOptions, *, dali: Any,
+                 cache_dir: Any = None, cache_size: str | int = "50GB",
+                 storage_options: Any = None, log_every: int | None = None) -> None:
+        self.index = index
+        self.options = options
+        self.batch_size = options.batch_size
+        self.rank, self.world_size = options.rank, options.world_size
+        self.stats = LoaderStats(log_every=log_every)
+        self._dali = dali
+        self._maps = ShardMaps(index, cache_dir=cache_dir, cache_size=cache_size,
+                               storage_options=storage_options)
+        self._table = _table(index, options.image_field, storage_options)
+        self._fields = FieldReader(self._table, self._maps)
+        self._labels, self._label_field = self._label_source()
+        self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
+                                     minlength=len(self._table.exts)) > 0
+        # the fields batches may carry beside the image (one decoded as some samples' image
+        # counts for the others): "cls" when labels come from the index, "txt", "json", ...
+        self._other = [e for e in self._table.exts
+                       if e != self._label_field and self._beside_image(e).any()]
+        self._num_batches = num_batches(index.num_samples, world_size=options.world_size,
+                                        batch_size=options.batch_size, drop_last=options.drop_last)
+        self._plans: dict[int, EpochPlan] = {}
+        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg(),
+                                   pack=tensor_batch(dali))
+        self._pipe: Any = None
+        self._dynamic = False  # the pipeline runs DALI's dynamic executor
+        self._builds = 0
+        self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
+        self._skip_reasons: dict[int, str] = {}
+        self._epoch = 0
+        self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
+        self._start = 0  # first batch of the next pass (a loaded resume point)
+        self._epoch_set = False
+        self._passes = 0
+        self._check_images()
+
+    # ------------------------------------------------------------------ setup
+    def _label_source(self) -> tuple[Any, str | None]:
+        """Labels from the index, else parsed from the ``cls`` field (once per sample),
+        else None (no ``"label"`` in batches), as ``decode="cpu"`` does."""
+        if self.index.has_labels:
+            labels = self.index.labels
+            return (lambda ids: np.asarray(labels[ids], dtype=np.int64)), None
+        if "cls" not in self._table.exts:
+            return None, None
+        return (lambda ids: self._fields.ints("cls", ids)), "cls"
+
+    def _check_images(self) -> None:
+        missing = self._table.missing()
+        if not missing.size:
+            return
+        shard, key, _ = where(self._table, self._maps, int(missing[0]))
+        what = self.options.image_field or "jpg/jpeg/png/webp/..."
+        if self.options.on_error == "raise":
+            raise SampleError(
+                f"{shard}: sample '{key}' has no image field ({what}), and {missing.size - 1} more "
+                "samples lack one; pass image_field=, on_error='skip' (they are counted in "
+                "loader.stats), or decode=None for raw fields",
+                shard=shard, key=key)
+        self._feeder.exclude(missing.tolist())
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        plan = self._plans.get(epoch)
+        if plan is None:
+            o = self.options
+            plan = plan_epoch(self.index.shard_counts, seed=o.seed, epoch=epoch, world_size=o.world_size,
+                              rank=o.rank, batch_size=o.batch_size, drop_last=o.drop_last,
+                              shuffle=o.shuffle, shuffle_block=o.shuffle_block)
+            if len(self._plans) >= 3:
+                self._plans.pop(min(self._plans))
+            self._plans[epoch] = plan
+        return plan
+
+    # ------------------------------------------------------------------ the API
+    # Epoch and resume semantics are those of fastfeed.loading.api.Loader (decode="cpu"), and
+    # so is the state_dict layout: a state saved with one decode mode resumes in the other.
+    def __len__(self) -> int:
+        """Batches per epoch, the same on every rank."""
+        return self._num_batches
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or next) pass."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` on the next pass (from its start, or from a loaded resume point).
+
+        Without calls, a pass after a *completed* epoch moves to the next epoch by
+        itself; a pass after an abandoned one restarts that epoch.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch({epoch!r}): the epoch is an integer >= 0")
+        if epoch != self._epoch or self._consumed >= len(self):
+            self._start = self._consumed = 0
+        self._epoch, self._epoch_set = epoch, True
+
+    def _begin_pass(self) -> tuple[int, int]:
+        if not self._epoch_set and self._consumed >= len(self) > 0:
+            self._epoch += 1  # the last pass finished its epoch: the next one is new
+            self._start = 0
+        start = self._start if self._start < len(self) else 0
+        self._start, self._epoch_set, self._consumed = 0, False, start
+        return self._epoch, start
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch, start = self._begin_pass()
+        self._passes += 1
+        self.stats.begin_pass()
+        return self._run(epoch, start, self._passes)
+
+    def _run(self, epoch: int, start: int, token: int) -> Iterator[dict[str, Any]]:
+        clock = time.perf_counter
+        for step in range(start, self._num_batches):
+            if token != self._passes:
+                raise FastfeedError("this DaliLoader was iterated again: only its newest iterator "
+                                    "delivers batches (one pipeline serves one pass at a time)")
+            t0 = clock()
+            batch, skipped, messages = self._next_batch(epoch, step)
+            t1 = clock()
+            self._consumed = step + 1
+            self.stats.record(t1 - t0, t1, len(batch["__key__"]), skipped, messages)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the epoch, batches consumed, and what the order depends on.
+
+        The same layout as ``decode="cpu"``'s :meth:`fastfeed.loading.api.Loader.state_dict`.
+
+        Example:
+            >>> dl.state_dict()["batches"]                          # doctest: +SKIP
+            1200
+        """
+        o = self.options
+        return {
+            "fastfeed_loader": STATE_VERSION,
+            "epoch": self._epoch,
+            "batches": self._consumed,
+            "seed": o.seed,
+            "world_size": o.world_size,
+            "rank": o.rank,
+            "batch_size": o.batch_size,
+            "drop_last": o.drop_last,
+            "shuffle": o.shuffle,
+            "shuffle_block": o.shuffle_block,
+            "dataset": self.index.fingerprint,
+            "num_samples": self.index.num_samples,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` on the next pass: exactly the rest of its epoch, in order.
+
+        Raises:
+            StateError: the state is malformed or was saved by a loader with another
+                order (the message says what differs: "saved with world_size=8, now 4").
+        """
+        check_state(state, self.state_dict(), len(self))
+        self._epoch, self._consumed, self._start = state["epoch"], state["batches"], state["batches"]
+        self._epoch_set = False
+
+    def close(self) -> None:
+        """Release the pipeline (GPU memory, threads) now; the loader can be iterated again."""
+        pipe, self._pipe, self._stream = self._pipe, None, None
+        del pipe  # the pipeline stops (and stops reading what it was fed) before ...
+        self._feeder.pending.clear()  # ... the views of the mapped shards are let go
+        _pipelines_changed()
+
+    def __enter__(self) -> "DaliLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (f"DaliLoader({self.index.root!r}, batch_size={o.batch_size}, image_size={o.image_size}, "
+                f"device_id={o.device_id}, num_threads={o.num_threads}, hw_decoder_load={o.hw_decoder_load}, "
+                f"prefetch_queue_depth={o.prefetch_queue_depth}, rank={o.rank}/{o.world_size}, "
+                f"batches={len(self)})")
+
+    # ------------------------------------------------------------------ the stream
+    # The training thread feeds the pipeline: one batch per batch it takes, kept
+    # ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands DALI the next
+    # iteration (release + schedule_run, its input already fed), then feeds one more and
+    # builds the torch batch while DALI works: no Python stands between DALI finishing
+    # an iteration and starting the next (the hand-written reader pipeline's advantage).
+    def _feed_from(self, epoch: int, step: int) -> None:
+        """Make the pipeline output (epoch, step) next, building it if needed."""
+        if self._pipe is not None and self._stream == (epoch, step):
+            return
+        self._feeder.restart(epoch, step)
+        if self._pipe is None:
+            self._feeder.pending.clear()
+            self._builds += 1
+            seed = _pipeline_seed(self.options, epoch, step, self._builds)
+            self._pipe = build_pipeline(self._dali, self.options, seed)
+            _pipelines_changed()
+            _LOADERS.add(self)
+            self._dynamic = bool(getattr(self._pipe, "exec_dynamic", False))
+            for _ in range(self.options.prefetch_queue_depth + _AHEAD):
+                self._feed_one()
+            self._pipe.schedule_run()  # runs prefetch_queue_depth iterations
+        self._stream = (epoch, step)
+
+    def _feed_one(self) -> None:
+        images, meta = self._feeder()
+        self._pipe.feed_input(ENCODED, images)
+        self._pipe.feed_input(META, meta)
+
+    def _advance(self, epoch: int, step: int) -> None:
+        self._stream = (epoch, step + 1) if step + 1 < self._num_batches else (epoch + 1, 0)
+
+    def _next_batch(self, epoch: int, step: int) -> tuple[dict[str, Any], int, list[str]]:
+        try:
+            return self._next_batch_or_fail(epoch, step)
+        except BaseException:
+            self.close()  # a failure in the feed (a missing shard, ...) or an interrupt
+            raise
+
+    def _next_batch_or_fail(self, epoch: int, step: int) -> tuple[dict[str, Any], int, list[str]]:
+        while True:
+            self._feed_from(epoch, step)
+            try:
+                outs = self._pipe.share_outputs()
+            except RuntimeError as e:
+                self._failed(e, epoch, step)
+                continue
+            fed = self._feeder.pending.popleft()
+            if fed.generation != self._feeder.generation:
+                self._next_iteration()  # a batch of a superseded feed
+                continue
+            meta = np.array(outs[2].as_tensor())
+            if (meta[0, GENERATION], meta[0, EPOCH], meta[0, STEP]) != (fed.generation, epoch, step) \
+                    or fed.step != step:
+                raise FastfeedError(
+                    f"internal error: DALI returned batch {tuple(meta[0, :3])} where ({fed.generation}, "
+                    f"{epoch}, {step}) was expected; please report it")
+            if self._dynamic:  # outputs stay valid after release: start the next iteration first
+                self._next_iteration()
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+            else:  # release recycles the output buffers: copy them out first
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+                self._next_iteration()
+            self._advance(epoch, step)
+            skipped = [*fed.skipped, *dropped]
+            return batch, len(skipped), [self._skip_message(i, "no image") for i in skipped]
+
+    def _next_iteration(self) -> None:
+        """Give the consumed outputs back, run the next (already fed) iteration, feed one more."""
+        self._pipe.release_outputs()
+        self._pipe.schedule_run()
+        self._feed_one()
+
+    def _tensor(self, out: Any) -> torch.Tensor:
+        t = out.as_tensor()
+        on_gpu = type(t).__name__ == "TensorGPU"
+        device = torch.device("cuda", self.options.device_id) if on_gpu else torch.device("cpu")
+        if self._dynamic:  # outputs are not reused: share them
+            with device:
+                return torch.from_dlpack(t)
+        x = torch.empty(t.shape(), dtype=self._dali.to_torch_type[t.dtype], device=device)
+        stream = torch.cuda.current_stream(device) if on_gpu else None
+        self._dali.feed_ndarray(t, x, cuda_stream=stream)
+        return x
+
+    def _to_batch(self, outs: Any, ids: np.ndarray) -> tuple[dict[str, Any], list[int]]:
+        """Torch batch of one pipeline output; also returns samples dropped here (bad fields)."""
+        images = self._tensor(outs[0])
+        labels = self._tensor(outs[1]) if self._labels is not None else None
+        keep = ids >= 0  # placeholder rows (a batch whose samples were all skipped) go
+        others: dict[str, list[Any]] = {}
+        dropped: list[int] = []
+        for ext in self._other:
+            values, bad = self._field_values(ext, ids)
+            if values is not None:
+                others[ext] = values
+            for j in bad:
+                keep[j] = False
+                dropped.append(int(ids[j]))
+        if not keep.all():
+            mask = torch.from_numpy(keep).to(images.device)
+            images = images[mask]
+            labels = labels[mask] if labels is not None else None
+            others = {k: [v for v, kp in zip(vals, keep.tolist()) if kp] for k, vals in others.items()}
+            ids = ids[keep]
+        batch: dict[str, Any] = {"image": images}
+        if labels is not None:
+            batch["label"] = labels
+        batch["__key__"] = self._table.keys(ids)
+        batch.update(others)
+        return batch, dropped
+
+    def _beside_image(self, ext: str, ids: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Which of samples ``ids`` hold field ``ext`` other than as their image."""
+        has = self._table.field_offsets[ext][ids] >= 0
+        if self._as_image[self._table.exts.index(ext)]:
+            has &= self._table.image_ext[ids] != self._table.exts.index(ext)
+        return has
+
+    def _field_values(self, ext: str, ids: np.ndarray) -> tuple[list[Any] | None, list[int]]:
+        """Another field of the batch decoded like the CPU path, or None when no sample
+        here has it (beside as its image); and the rows that failed with on_error='skip'."""
+        image_ext = self._table.exts.index(ext)
+        as_image = self._as_image[image_ext]  # does any sample decode this field as its image?
+        if not self._beside_image(ext, ids[ids >= 0]).any():
+            return None, []
+        safe = np.maximum(ids, 0)
+        try:
+            values = self._fields.values(ext, safe)
+        except SampleError:
+            if self.options.on_error == "raise":
+                raise
+            values, bad = [], []
+            for j, i in enumerate(safe.tolist()):
+                try:
+                    values.extend(self._fields.values(ext, safe[j : j + 1]))
+                except SampleError as e:
+                    values.append(None)
+                    bad.append(j)
+                    self._skip_reasons[i] = str(e)
+            return values, bad
+        if as_image:
+            is_image = (self._table.image_ext[safe] == image_ext).tolist()
+            values = [None if img else v for v, img in zip(values, is_image)]
+        return values, []
+
+    # ------------------------------------------------------------------ failures
+    def _failed(self, error: RuntimeError, epoch: int, step: int) -> None:
+        """A pipeline run failed: find the sample(s), then raise or skip and rebuild."""
+        fed = self._feeder.pending[0] if self._feeder.pending else None
+        current = self._feeder.generation
+        self.close()  # DALI documents the pipeline as unusable after an error
+        if fed is None or fed.generation != current:  # a superseded batch failed: just rebuild
+            return
+        if (fed.epoch, fed.step) != (epoch, step):
+            raise FastfeedError(f"internal error: DALI failed on batch {fed.step} of epoch {fed.epoch} "
+                                f"while batch {step} of epoch {epoch} was due ({error})") from error
+        text = str(error)
+        bad = self._culprits(fed, text)
+        reason = _first_line(text)
+        if self.options.on_error == "raise":
+            i = bad[0]
+            shard, key, offset = where(self._table, self._maps, i)
+            more = f" ({len(bad) - 1} more in the batch)" if len(bad) > 1 else ""
+            raise SampleError(
+                f"{shard}: DALI cannot decode sample '{key}' (image at byte {offset}){more}: {reason}; "
+                "fix or remove the file and re-pack, or pass on_error='skip'",
+                shard=shard, key=key, offset=offset) from None
+        self._feeder.exclude(bad)
+        log.debug("DALI failed on %d sample(s) of epoch %d batch %d: %s", len(bad), epoch, step, reason)
+        self._skip_reasons.update({i: reason for i in bad})
+
+    def _culprits(self, fed: FedBatch, text: str) -> list[int]:
+        """Sample numbers that made DALI fail: the ``sample #k`` of its message, else the
+        samples of the batch that fail alone in a one-sample pipeline with the same decoder."""
+        m = _SAMPLE_NO.search(text)
+        if m is not None and int(m.group(1)) < len(fed.ids) and fed.ids[int(m.group(1))] >= 0:
+            return [int(fed.ids[int(m.group(1))])]
+        bad = self._probe([int(i) for i in fed.ids.tolist() if i >= 0])
+        if not bad:
+            raise FastfeedError(
+                f"DALI failed on batch {fed.step} of epoch {fed.epoch} and no single sample of it fails "
+                f"alone, so it is not a bad image: {_first_line(text)}")
+        return bad
+
+    def _probe(self, ids: list[int]) -> list[int]:
+        """The samples that DALI's decoder (same device and settings) cannot decode alone."""
+        d, o = self._dali, self.options
+        decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": d.types.RGB}
+        if o.gpu:
+            decoder["hw_decoder_load"] = o.hw_decoder_load
+        decode = d.fn.decoders.image_random_crop if o.augment else d.fn.decoders.image
+        bad: list[int] = []
+        pipe = None
+        for i in ids:
+            if pipe is None:
+                pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.device_id,
+                                  prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
+                with pipe:
+                    pipe.set_outputs(decode(d.fn.external_source(name="encoded", dtype=d.types.UINT8), **decoder))
+                pipe.build()
+            try:
+                pipe.feed_input("encoded", [np.frombuffer(image_bytes(self._table, self._maps, i), np.uint8)])
+                pipe.run()
+            except RuntimeError:
+                bad.append(i)
+                pipe = None  # unusable after an error
+        return bad
+
+    def _skip_message(self, i: int, default: str) -> str:
+        shard, key, offset = where(self._table, self._maps, i)
+        reason = self._skip_reasons.get(i, default)
+        return f"{shard}: sample '{key}' (image at byte {offset}): {reason}"
+
+
+def _first_line(text: str) -> str:
+    """The informative line of a DALI error (after 'encountered:'), else its first line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for k, ln in enumerate(lines):
+        if ln.startswith("encountered") and k + 1 < len(lines):
+            return lines[k + 1]
+    return lines[0] if lines else "unknown DALI error"

@@ -1,0 +1,359 @@
+"""The versioned dataset index: the contract between ``pack``, ``tune`` and ``loader``.
+
+A packed dataset is a folder (or an object-store prefix) holding shards plus::
+
+    index.json      written last and atomically; the dataset is complete iff it exists
+    offsets.npy     int64 (N, 2): per sample, the byte offset of its first tar header in
+                    its shard and the byte size of the whole sample span (tar), or the
+                    record number and 0 (LMDB)
+    labels.npy      int64 (N,), optional: class index per sample (-1 when none)
+    lengths.npy     int64 (N,), optional: per-sample length (``pack --length``)
+
+``index.json`` holds the format version, the shard format, the fastfeed version, the
+sample count, the fields (extensions), class names, per shard its file name, sample
+count, byte size and sha256 (and the DALI index file for tar), the pack options that
+identify the job, and the skipped inputs. Global sample ``i`` lives in shard ``s``
+where ``shard_starts[s] <= i < shard_starts[s + 1]``; samples are numbered shard by
+shard in file order. Sidecar arrays are plain ``.npy`` files, loaded lazily (memory
+mapped when local).
+
+Example:
+    >>> idx = DatasetIndex.load("/data/imagenet-packed")      # doctest: +SKIP
+    >>> idx.num_samples, idx.format, len(idx.shards)          # doctest: +SKIP
+    (1281167, 'tar', 5005)
+    >>> shard, offset, size = idx.locate(12345)               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fastfeed.errors import IndexMismatchError, IndexVersionError
+
+__all__ = [
+    "INDEX_NAME",
+    "INDEX_VERSION",
+    "DatasetIndex",
+    "ShardInfo",
+    "atomic_write_bytes",
+]
+
+INDEX_NAME = "index.json"
+INDEX_VERSION = 1
+OFFSETS_NAME = "offsets.npy"
+LABELS_NAME = "labels.npy"
+LENGTHS_NAME = "lengths.npy"
+FORMATS = ("tar", "lmdb")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the index records it.
+
+    Attributes:
+        name: file name relative to the dataset root (``shard-000000.tar``).
+        samples: number of samples in the shard.
+        bytes: size of the shard file in bytes.
+        sha256: hex digest of the shard file.
+        dali_index: name of DALI's index file for this shard (tar only), or None.
+    """
+
+    name: str
+    samples: int
+    bytes: int
+    sha256: str
+    dali_index: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+        }
+        if self.dali_index is not None:
+            d["dali_index"] = self.dali_index
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ShardInfo":
+        return cls(
+            name=str(d["name"]),
+            samples=int(d["samples"]),
+            bytes=int(d["bytes"]),
+            sha256=str(d["sha256"]),
+            dali_index=d.get("dali_index"),
+        )
+
+
+@dataclass(frozen=True)
+class DatasetIndex:
+    """A loaded (or about to be written) dataset index.
+
+    Arrays are attached with :meth:`with_arrays` before :meth:`save`, and read lazily
+    from the sidecar files after :meth:`load`.
+    """
+
+    format: str
+    num_samples: int
+    shards: tuple[ShardInfo, ...]
+    fields: tuple[str, ...] = ()
+    classes: tuple[str, ...] | None = None
+    input: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    skipped: tuple[Mapping[str, str], ...] = ()
+    lengths_field: str | None = None
+    has_labels: bool = False
+    version: int = INDEX_VERSION
+    fastfeed_version: str = ""
+    root: str = ""
+    #: fsspec options (endpoint, credentials) for a remote ``root``; used to read the sidecars.
+    storage_options: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def shard_counts(self) -> np.ndarray:
+        """Samples per shard, int64 (S,)."""
+        return np.array([s.samples for s in self.shards], dtype=np.int64)
+
+    @property
+    def shard_starts(self) -> np.ndarray:
+        """Global index of each shard's first sample, int64 (S + 1,) with N last."""
+        return np.concatenate([[0], np.cumsum(self.shard_counts)]).astype(np.int64)
+
+    def shard_of(self, i: int | np.ndarray) -> np.ndarray | int:
+        """Shard number holding global sample ``i`` (vectorised)."""
+        return np.searchsorted(self.shard_starts, i, side="right") - 1
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 (N, 2): per sample (offset, size) inside its shard."""
+        return self._array(OFFSETS_NAME)
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """int64 (N,) class index per sample, or None when the dataset has no labels."""
+        return self._array(LABELS_NAME) if self.has_labels else None
+
+    @property
+    def lengths(self) -> np.ndarray | None:
+        """int64 (N,) per-sample lengths recorded by ``pack --length``, or None."""
+        return self._array(LENGTHS_NAME) if self.lengths_field else None
+
+    def locate(self, i: int) -> tuple[int, int, int]:
+        """Return (shard number, offset, size) of global sample ``i``."""
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {i} out of range for {self.num_samples} samples")
+        s = int(self.shard_of(i))
+        off, size = self.offsets[i]
+        return s, int(off), int(size)
+
+    def shard_path(self, s: int) -> str:
+        """Path or URL of shard ``s`` (root joined with its name)."""
+        return join(self.root, self.shards[s].name)
+
+    @property
+    def fingerprint(self) -> str:
+        """Short stable hash of what identifies the data (shards and counts)."""
+        h = hashlib.sha256()
+        h.update(self.format.encode())
+        for s in self.shards:
+            h.update(f"{s.name}:{s.samples}:{s.bytes}:{s.sha256};".encode())
+        return h.hexdigest()[:16]
+
+    # ------------------------------------------------------------------ arrays
+    def with_arrays(
+        self,
+        *,
+        offsets: np.ndarray,
+        labels: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> "DatasetIndex":
+        """Return a copy holding the given sidecar arrays (for :meth:`save`)."""
+        arrays = {OFFSETS_NAME: np.asarray(offsets, dtype=np.int64).reshape(-1, 2)}
+        if labels is not None:
+            arrays[LABELS_NAME] = np.asarray(labels, dtype=np.int64)
+        if lengths is not None:
+            arrays[LENGTHS_NAME] = np.asarray(lengths, dtype=np.int64)
+        return replace(self, _arrays=arrays, has_labels=labels is not None)
+
+    def _array(self, name: str) -> np.ndarray:
+        arr = self._arrays.get(name)
+        if arr is None:
+            path = join(self.root, name)
+            try:
+                if _is_url(path):
+                    from fastfeed.storage.remote import read_bytes
+
+                    arr = np.load(io.BytesIO(read_bytes(path, storage_options=self.storage_options)),
+                                  allow_pickle=False)
+                else:
+                    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            except FileNotFoundError:
+                raise IndexMismatchError(
+                    f"{path}: sidecar of {join(self.root, INDEX_NAME)} is missing; "
+                    "re-run `fastfeed pack` to rebuild the dataset"
+                ) from None
+            if arr.shape[0] != self.num_samples:
+                raise IndexMismatchError(
+                    f"{path}: holds {arr.shape[0]} rows but the index says "
+                    f"{self.num_samples} samples; re-run `fastfeed pack`"
+                )
+            self._arrays[name] = arr
+        return arr
+
+    # ------------------------------------------------------------------ I/O
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fastfeed_index": self.version,
+            "format": self.format,
+            "fastfeed_version": self.fastfeed_version,
+            "num_samples": self.num_samples,
+            "input": self.input,
+            "fields": list(self.fields),
+            "classes": None if self.classes is None else list(self.classes),
+            "has_labels": self.has_labels,
+            "lengths_field": self.lengths_field,
+            "arrays": sorted(self._arrays) if self._arrays else self._array_names(),
+            "options": dict(self.options),
+            "num_skipped": len(self.skipped),
+            "skipped": [dict(s) for s in self.skipped],
+            "shards": [s.to_json() for s in self.shards],
+        }
+
+    def _array_names(self) -> list[str]:
+        names = [OFFSETS_NAME]
+        if self.has_labels:
+            names.append(LABELS_NAME)
+        if self.lengths_field:
+            names.append(LENGTHS_NAME)
+        return sorted(names)
+
+    def save(self, root: str | os.PathLike[str]) -> Path:
+        """Write the sidecar arrays, then ``index.json`` atomically (last).
+
+        Returns the path of ``index.json``.
+        """
+        root = Path(root)
+        for name, arr in sorted(self._arrays.items()):
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+            atomic_write_bytes(root / name, buf.getvalue())
+        text = json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+        out = root / INDEX_NAME
+        atomic_write_bytes(out, text.encode("utf-8"))
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], root: str = "") -> "DatasetIndex":
+        where = join(root, INDEX_NAME) if root else INDEX_NAME
+        version = d.get("fastfeed_index")
+        if version != INDEX_VERSION:
+            raise IndexVersionError(
+                f"{where}: index format version {version!r}, this fastfeed reads version "
+                f"{INDEX_VERSION}; re-pack with `fastfeed pack --overwrite` or install the "
+                "fastfeed version that wrote it"
+            )
+        fmt = d.get("format")
+        if fmt not in FORMATS:
+            raise IndexMismatchError(f"{where}: unknown shard format {fmt!r} (expected tar or lmdb)")
+        shards = tuple(ShardInfo.from_json(s) for s in d["shards"])
+        idx = cls(
+            format=fmt,
+            num_samples=int(d["num_samples"]),
+            shards=shards,
+            fields=tuple(d.get("fields", ())),
+            classes=None if d.get("classes") is None else tuple(d["classes"]),
+            input=d.get("input", ""),
+            options=dict(d.get("options", {})),
+            skipped=tuple(d.get("skipped", ())),
+            lengths_field=d.get("lengths_field"),
+            has_labels=bool(d.get("has_labels", False)),
+            version=int(version),
+            fastfeed_version=str(d.get("fastfeed_version", "")),
+            root=root,
+        )
+        total = sum(s.samples for s in shards)
+        if total != idx.num_samples:
+            raise IndexMismatchError(
+                f"{where}: shards hold {total} samples but num_samples is {idx.num_samples}; "
+                "the index is corrupt, re-run `fastfeed pack`"
+            )
+        return idx
+
+    @classmethod
+    def load(
+        cls, root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+    ) -> "DatasetIndex":
+        """Load the index of the dataset at ``root`` (a folder or an fsspec URL).
+
+        ``storage_options`` (endpoint, credentials) are passed to fsspec for a URL and
+        kept for reading the sidecar arrays later.
+        """
+        root_s = str(root).rstrip("/") if _is_url(str(root)) else str(Path(root))
+        path = join(root_s, INDEX_NAME)
+        try:
+            if _is_url(root_s):
+                from fastfeed.storage.remote import read_bytes
+
+                raw = read_bytes(path, storage_options=storage_options)
+            else:
+                raw = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise IndexMismatchError(
+                f"{path}: no index; the dataset is not packed or its packing did not finish. "
+                "Run (or re-run) `fastfeed pack SRC DST` to complete it"
+            ) from None
+        try:
+            d = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise IndexMismatchError(f"{path}: not valid JSON ({e}); re-run `fastfeed pack`") from None
+        return replace(cls.from_json(d, root=root_s), storage_options=storage_options)
+
+    @staticmethod
+    def exists(root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """True when ``root`` holds a complete dataset (its index exists)."""
+        if _is_url(str(root)):
+            from fastfeed.storage.remote import exists
+
+            return exists(join(str(root), INDEX_NAME), storage_options=storage_options)
+        return (Path(root) / INDEX_NAME).is_file()
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def join(root: str, name: str) -> str:
+    """Join a dataset root (path or URL) and a relative name."""
+    if not root:
+        return name
+    if _is_url(root):
+        return root.rstrip("/") + "/" + name
+    return os.path.join(root, name)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def shard_sample_ranges(counts: Sequence[int]) -> list[range]:
+    """Global sample ranges of shards with the given counts."""
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]

@@ -1,0 +1,229 @@
+"""Reading samples by global number: the index, its shards, and lazily opened readers.
+
+:func:`resolve_index` finds the index of a packed dataset, or builds one in memory for
+WebDataset tars; :func:`check_shards` fails fast on missing or truncated local shards;
+:class:`ShardSource` opens shards lazily in the process that reads them (reopened after
+a fork, a bounded number kept open): tar samples by ``(offset, size)`` from
+``index.offsets`` with :class:`~fastfeed.formats.tar_reader.FastTarReader`, LMDB samples
+by record number, URLs through :func:`fastfeed.storage.remote.open_shard` (``cache_dir`` for a
+shared local cache). A shard whose size or record count does not match the index is an
+error when it is opened.
+
+Example:
+    >>> src = ShardSource(resolve_index("/data/imagenet-ff"))     # doctest: +SKIP
+    >>> src.read(0)["__key__"]                                     # doctest: +SKIP
+    'n01440764/n01440764_10026'
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fastfeed.errors import ConfigError, FastfeedError, IndexMismatchError, SampleError, ShardError
+from fastfeed.formats.lmdb import LmdbShardReader
+from fastfeed.formats.tar_reader import FastTarReader
+from fastfeed.packed.index import DatasetIndex
+from fastfeed.storage.remote import is_gzip_tar, is_url, local_path
+
+__all__ = ["ShardSource", "check_shards", "resolve_index", "sample_error"]
+
+_MAX_OPEN_FILES = 64
+
+
+def resolve_index(
+    path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: str | int = "50GB",
+    storage_options: Mapping[str, Any] | None = None,
+    on_error: str = "raise",
+) -> DatasetIndex:
+    """The index of a packed dataset, or an in-memory one for WebDataset tars without index.
+
+    Accepts a dataset folder/URL with ``index.json``, or tars as
+    :func:`fastfeed.formats.wds.open_index` does (folder, shard, list, brace pattern, glob).
+
+    Example:
+        >>> resolve_index("/data/imagenet-ff").num_samples       # doctest: +SKIP
+        1281167
+    """
+    if isinstance(path_or_url, DatasetIndex):
+        return path_or_url
+    from fastfeed.formats.wds import open_index
+
+    return open_index(path_or_url, storage_options=storage_options, cache_dir=cache_dir,
+                      cache_size=cache_size, on_error=on_error)
+
+
+def check_shards(index: DatasetIndex) -> None:
+    """Fail fast on local shards that are missing or whose size differs from the index.
+
+    Remote shards are checked when they are opened (size, and sha256 when the index has
+    it). Costs one ``stat`` per shard.
+    """
+    for s, info in enumerate(index.shards):
+        path = local_path(index.shard_path(s))
+        if path is None:
+            continue
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise ShardError(
+                f"{path}: shard is missing (listed in {os.path.join(index.root, 'index.json')}); "
+                "restore it or re-run `fastfeed pack`"
+            ) from None
+        if size != info.bytes:
+            raise IndexMismatchError(
+                f"{path}: {size} bytes but the index says {info.bytes}; the shard was truncated "
+                "or replaced after packing. Restore it, or re-run `fastfeed pack`"
+            )
+
+
+class ShardSource:
+    """Reads samples of an index by global number; opens shards lazily, per process.
+
+    Args:
+        index: the dataset index.
+        cache_dir: local cache for remote/gzipped shards (see :mod:`fastfeed.storage.remote`).
+        cache_size: bound of that cache.
+        storage_options: fsspec options for remote shards.
+        max_open: shards kept open per process (least recently used are closed).
+    """
+
+    def __init__(self, index: DatasetIndex, *, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_size: str | int = "50GB", storage_options: Mapping[str, Any] | None = None,
+                 max_open: int = _MAX_OPEN_FILES) -> None:
+        self.index = index
+        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self.cache_size = cache_size
+        self.storage_options = storage_options
+        self.max_open = max(1, int(max_open))
+        self._starts = index.shard_starts
+        self._readers: OrderedDict[int, Any] = OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_readers"] = OrderedDict()
+        return state
+
+    # ------------------------------------------------------------------ shards
+    def shard_name(self, s: int) -> str:
+        return self.index.shard_path(s)
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard numbers, (offset, size) rows) of global samples ``ids``."""
+        shards = np.searchsorted(self._starts, ids, side="right") - 1
+        return shards, np.asarray(self.index.offsets[ids])
+
+    def reader(self, s: int) -> Any:
+        """The open reader of shard ``s`` (opened, and size-checked, on first use)."""
+        if self._pid != os.getpid():  # forked: the parent's handles are not ours
+            self._readers = OrderedDict()
+            self._pid = os.getpid()
+        r = self._readers.get(s)
+        if r is not None:
+            self._readers.move_to_end(s)
+            return r
+        r = self._open(s)
+        self._readers[s] = r
+        while len(self._readers) > self.max_open:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return r
+
+    def _open(self, s: int) -> Any:
+        info = self.index.shards[s]
+        url = self.shard_name(s)
+        if self.index.format == "lmdb":
+            path = self._local_copy(url, info.bytes, info.sha256)
+            r = LmdbShardReader(path, name=url)
+            entries = len(r)
+            if entries != info.samples:
+                r.close()
+                raise IndexMismatchError(
+                    f"{url}: holds {entries} records but the index says {info.samples}; the index "
+                    "does not match this shard, re-run `fastfeed pack`"
+                )
+            return r
+        from fastfeed.storage.remote import open_shard
+
+        src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
+                         storage_options=self.storage_options, size=info.bytes,
+                         sha256=info.sha256 or None)
+        if isinstance(src, str) and not is_gzip_tar(url):
+            size = os.path.getsize(src)
+            if size != info.bytes:
+                raise IndexMismatchError(
+                    f"{url}: {size} bytes but the index says {info.bytes}; the shard was truncated "
+                    "or replaced after packing. Restore it, or re-run `fastfeed pack`"
+                )
+        return FastTarReader(src, name=url)
+
+    def _local_copy(self, url: str, size: int, sha256: str) -> str:
+        if not is_url(url):
+            path = local_path(url) or url
+            if not os.path.isfile(path):
+                raise ShardError(f"{path}: shard is missing; restore it or re-run `fastfeed pack`")
+            return path
+        from fastfeed.storage.remote import open_shard
+
+        src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
+                         storage_options=self.storage_options, size=size, sha256=sha256 or None)
+        if not isinstance(src, str):
+            src.close()
+            raise ConfigError(f"{url}: LMDB shards on object storage need cache_dir= (LMDB reads local files)")
+        return src
+
+    def close(self) -> None:
+        """Close the shards this process opened."""
+        if self._pid == os.getpid():
+            for r in self._readers.values():
+                r.close()
+        self._readers = OrderedDict()
+
+    # ------------------------------------------------------------------ samples
+    def read(self, i: int) -> dict[str, Any]:
+        """Global sample ``i`` as ``{"__key__": ..., field: bytes}``."""
+        shards, locs = self.locate(np.array([i]))
+        return self.read_at(int(shards[0]), int(locs[0, 0]), int(locs[0, 1]))
+
+    def read_at(self, s: int, offset: int, size: int) -> dict[str, Any]:
+        return self.reader(s).read(offset, size)
+
+    def will_need(self, ids: np.ndarray) -> None:
+        """Hint that samples ``ids`` are read soon: local tar shards start reading them in
+        the background (``posix_fadvise(WILLNEED)``). Shards not open yet, LMDB and remote
+        streams are left alone; never raises (the reads report any problem)."""
+        if self.index.format == "lmdb" or len(ids) == 0:
+            return
+        shards, locs = self.locate(np.asarray(ids))
+        for s, off, size in zip(shards.tolist(), locs[:, 0].tolist(), locs[:, 1].tolist()):
+            r = self._readers.get(s)
+            if r is None:
+                url = self.shard_name(s)
+                if is_url(url) or is_gzip_tar(url):
+                    continue
+                try:
+                    r = self.reader(s)
+                except (FastfeedError, OSError):  # the read itself reports it, with its context
+                    continue
+            hint = getattr(r, "will_need", None)
+            if hint is not None:
+                hint(off, size)
+
+
+def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
+    """``exc`` as a SampleError that names shard, key and offset (kept if it already does)."""
+    if isinstance(exc, SampleError) and exc.shard:
+        if key and not exc.key:
+            exc.key = key
+        return exc
+    name = src.shard_name(s)
+    what = f"sample '{key}'" if key else "a sample"
+    unit = "record" if src.index.format == "lmdb" else "offset"
+    return SampleError(f"{name}: {what} at {unit} {offset}: {exc}", shard=name, key=key, offset=offset)

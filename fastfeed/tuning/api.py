@@ -1,0 +1,346 @@
+"""``fastfeed tune``: pick ``num_workers`` / ``prefetch_factor`` by measuring, not guessing.
+
+:func:`tune` measures the real loader (``fastfeed.loader()``, the same decode and
+augmentation) at candidate settings chosen by :func:`fastfeed.tuning.search.search` (climb
+workers while throughput rises, stop on a plateau, then prefetch factor, then the
+decode mode's own knobs, then a longer interleaved re-measure of the top candidates
+that makes the choice), within a time and memory budget, and stores the result where
+``loader(num_workers="auto", prefetch_factor="auto")`` finds it
+(:mod:`fastfeed.loading.tuned`). Every measurement goes through :func:`fastfeed.timing.measure.measure`.
+
+Without a stored result, :func:`resolve_auto` falls back to a heuristic (see
+:func:`heuristic_workers`) and logs a one-line hint to run ``fastfeed tune``, once per
+process.
+
+Example:
+    >>> r = fastfeed.tune("/data/imagenet-ff", batch_size=256, image_size=224)  # doctest: +SKIP
+    >>> print(r.table())                                                        # doctest: +SKIP
+    >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)  # uses it # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import time
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from fastfeed._util import format_bytes, parse_duration, parse_size
+from fastfeed.dist import local_world_size
+from fastfeed.errors import ConfigError
+from fastfeed.host import cpu_count, memory_total
+from fastfeed.timing.measure import Measurement, measure
+from fastfeed.tuning.search import Trial, search
+from fastfeed.tuning.report import TuneResult, plot_result
+from fastfeed.loading.knobs import SearchSpace, Setting, space_for
+from fastfeed.loading.auto import HEURISTIC_MAX_WORKERS, heuristic_workers, lookup, resolve_auto
+from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
+
+__all__ = [
+    "HEURISTIC_MAX_WORKERS",
+    "TuneResult",
+    "heuristic_workers",
+    "lookup",
+    "measure_loader",
+    "resolve_auto",
+    "tune",
+]
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------- measuring the loader
+def measure_loader(
+    path: str | os.PathLike[str],
+    setting: Setting,
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    seconds: float = 5.0,
+    min_batches: int = 8,
+    min_rounds: int = 4,
+    seed: int = 0,
+    loader_kwargs: Mapping[str, Any] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    consume: Callable[[Any], None] | None = None,
+    on_loader: Callable[[Any], None] | None = None,
+) -> Measurement:
+    """Measure ``fastfeed.loader()`` at one setting (what tune and the benchmarks run).
+
+    A measurement times at least ``0.6 x seconds`` of steady state and ``min_rounds``
+    batches per worker, after start-up and warm-up (found from the arrivals, see
+    :func:`fastfeed.timing.measure.measure`), and stops at ``3 x seconds`` in all (then it may
+    come back with ``steady`` False). Epochs restart (with ``set_epoch``) when the
+    dataset is shorter than the measurement; with persistent workers (the loader's
+    default) the epochs are measured as one stream, boundaries included, so a short
+    epoch is not mistaken for its prefetched burst. Memory of the main process and its
+    workers is sampled. ``consume`` is called with every batch inside the
+    timed loop (``fastfeed doctor`` simulates a training step with it); ``on_loader`` gets
+    the loader before measuring starts (its ``stats`` stay readable afterwards).
+    ``num_workers=0`` with CPU decode (and no callbacks) is measured in a forked child
+    process, so OpenCV's thread pool never starts in this one (see :func:`_in_child`).
+
+    Example:
+        >>> m = measure_loader("/data/ff", Setting(4, 2), batch_size=256)  # doctest: +SKIP
+        >>> m.samples_per_s                                                # doctest: +SKIP
+    """
+    if (setting.num_workers == 0 and decode in ("cpu", None) and consume is None and on_loader is None
+            and "fork" in mp.get_all_start_methods()):
+        return _in_child(lambda: _measure_loader(path, setting, batch_size=batch_size, decode=decode,
+                                                 image_size=image_size, seconds=seconds,
+                                                 min_batches=min_batches, min_rounds=min_rounds, seed=seed,
+                                                 loader_kwargs=loader_kwargs, clock=clock))
+    return _measure_loader(path, setting, batch_size=batch_size, decode=decode, image_size=image_size,
+                           seconds=seconds, min_batches=min_batches, min_rounds=min_rounds, seed=seed,
+                           loader_kwargs=loader_kwargs, clock=clock, consume=consume, on_loader=on_loader)
+
+
+def _in_child(fn: Callable[[], Measurement]) -> Measurement:
+    """Run ``fn`` in a forked child process and return its measurement (or raise its error).
+
+    Why: decoding in this process starts OpenCV's thread pool, which is not fork-safe: a
+    DataLoader worker forked after it hangs in its first OpenCV call (``setNumThreads``
+    waits on a condition variable of threads that do not exist in the child). Measuring
+    ``num_workers=0`` in a child keeps this process's decoder unused, so the worker
+    settings measured after it start cleanly. (The decoder now keeps OpenCV single-threaded
+    in every process, which removes the pool; the child stays as a second guard.) Where this
+    process already initialised CUDA (pinned batches), a forked child could not use it, so
+    the measurement runs here.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():  # a forked child cannot use CUDA (pinned memory) any more
+        return fn()
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(fn, send))
+    proc.start()
+    send.close()
+    try:
+        ok, value = recv.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"the num_workers=0 measuring process died (exit code {proc.exitcode})") from None
+    finally:
+        recv.close()
+    proc.join()
+    if not ok:
+        raise value
+    return value
+
+
+def _child_main(fn: Callable[[], Measurement], send: Any) -> None:
+    try:
+        result: tuple[bool, Any] = (True, fn())
+    except Exception as e:  # handed to the parent, which raises it
+        result = (False, e)
+    try:
+        send.send(result)
+    except (TypeError, AttributeError, pickle.PicklingError):  # an error that does not pickle
+        send.send((False, RuntimeError(f"{type(result[1]).__name__}: {result[1]}")))
+    finally:
+        send.close()
+
+
+def _measure_loader(
+    path: str | os.PathLike[str], setting: Setting, *, batch_size: int, decode: str | None,
+    image_size: int | tuple[int, int] | None, seconds: float, min_batches: int, min_rounds: int,
+    seed: int, loader_kwargs: Mapping[str, Any] | None, clock: Callable[[], float],
+    consume: Callable[[Any], None] | None = None, on_loader: Callable[[Any], None] | None = None,
+) -> Measurement:
+    from fastfeed.loading.api import loader as make_loader
+
+    extra = dict(loader_kwargs or {})
+    persistent = setting.num_workers == 0 or bool(extra.get("persistent_workers", True))
+    with warnings.catch_warnings():  # tune oversubscribes the cores on purpose
+        warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
+                                category=UserWarning)
+        dl = make_loader(str(path), batch_size=batch_size, decode=decode, image_size=image_size,
+                         shuffle=True, seed=seed, **setting.loader_kwargs(), **extra)
+        if on_loader is not None:
+            on_loader(dl)
+        epoch = 0
+
+        def one_epoch() -> Any:
+            nonlocal epoch
+            if hasattr(dl, "set_epoch"):
+                dl.set_epoch(epoch)
+            epoch += 1
+            return iter(dl)
+
+        try:
+            return measure(one_epoch, num_workers=setting.num_workers,
+                           prefetch_factor=setting.prefetch_factor, min_batches=min_batches,
+                           min_time=0.6 * seconds, min_rounds=min_rounds, max_time=3 * seconds,
+                           persistent=persistent, consume=consume, sample_memory=True, clock=clock)
+        finally:
+            _shutdown(dl)
+
+
+def _shutdown(dl: Any) -> None:
+    """Stop the loader's workers now, so the next setting's memory reading is its own."""
+    close = getattr(dl, "close", None)
+    if callable(close):
+        close()
+        return
+    it = getattr(dl, "_iterator", None)  # persistent workers live on DataLoader._iterator
+    stop = getattr(it, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
+        dl._iterator = None
+
+
+# ---------------------------------------------------------------------- tune()
+#: Confirmation trials are this much longer than search trials.
+CONFIRM_SCALE = 1.5
+#: Candidates confirmed, and rounds of re-measuring each.
+CONFIRM_TOP, CONFIRM_ROUNDS = 3, 2
+#: Share of the time budget kept for confirmation.
+CONFIRM_SHARE = 0.4
+
+
+def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank: int) -> float:
+    """Seconds per measurement so that a typical search fits the budget.
+
+    A typical search measures the ladder up to a plateau a little past the cores (at
+    most ~7 rungs), ~3 refine/prefetch points, each knob's values, and confirms the
+    top candidates with longer trials.
+    """
+    from fastfeed.loading.knobs import worker_ladder
+
+    rungs = len(space.workers) if space.workers is not None else len(
+        [w for w in worker_ladder(cap) if w <= cores_per_rank + 2])
+    expected = min(rungs, 7) + 3 + sum(len(k.candidates(cores_per_rank)) - 1 for k in space.knobs)
+    expected += CONFIRM_TOP * CONFIRM_ROUNDS * CONFIRM_SCALE
+    return min(20.0, max(1.0, budget / max(1, expected)))
+
+
+def tune(
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int,
+    decode: str | None = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+    time_budget: str | float = "60s",
+    max_workers: int | None = None,
+    target_rate: float | None = None,
+    step_time: float | None = None,
+    memory_budget: str | int | None = None,
+    headroom: float = 0.1,
+    trial_time: float | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    store: bool = True,
+    store_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    loader_kwargs: Mapping[str, Any] | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> TuneResult:
+    """Measure the loader at candidate settings and choose ``num_workers`` / ``prefetch_factor``.
+
+    Targets are per rank: what one GPU's training step consumes. The result is stored
+    (see :mod:`fastfeed.loading.tuned`) so ``loader(num_workers="auto")`` uses it.
+
+    Args:
+        path: a packed dataset (folder or URL).
+        batch_size: the per-rank batch size training uses.
+        decode: the decode mode (``"cpu"``, ``"dali"``, None for raw bytes).
+        image_size: the output size training uses (decode cost depends on it).
+        time_budget: measuring time, e.g. ``"60s"`` or ``"2m"``.
+        max_workers: cap on workers (default: twice the cores per rank).
+        target_rate: samples/s the training step consumes per rank; picks the cheapest
+            setting that reaches it (plus ``headroom``) and leaves the other cores free.
+        step_time: the training step's seconds per batch instead (``target_rate =
+            batch_size / step_time``).
+        memory_budget: what main process + workers may use, e.g. ``"16GB"`` (default:
+            half of the usable memory divided by ``LOCAL_WORLD_SIZE``).
+        headroom: margin above the target (default 10%).
+        trial_time: seconds to measure each setting (steady state for at least 60% of
+            it, after start-up and warm-up; at most 3x in all); default: the budget
+            divided by the number of settings a search usually needs. The top
+            candidates are then re-measured with 1.5x longer trials.
+        plot: write throughput against workers to this PNG (needs matplotlib).
+        store: store the result for ``loader(num_workers="auto")``.
+        store_dir: store there instead of the dataset folder / user cache.
+        seed: shuffle seed of the measured loader.
+        loader_kwargs: further ``loader()`` arguments (``augment``, ``transform``, ...).
+        on_trial: called after every measured setting (progress).
+
+    Returns:
+        A :class:`TuneResult`.
+
+    Example:
+        >>> r = tune("/data/imagenet-ff", batch_size=256, image_size=224, step_time=0.25)  # doctest: +SKIP
+        >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
+    """
+    from fastfeed.packed.index import DatasetIndex
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
+    if target_rate is not None and step_time is not None:
+        raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
+    if step_time is not None:
+        if step_time <= 0:
+            raise ConfigError(f"step_time={step_time} must be > 0 seconds")
+        target_rate = batch_size / step_time
+    budget = parse_duration(time_budget, "time_budget")
+    if budget <= 0:
+        raise ConfigError(f"time_budget={time_budget!r} must be positive")
+    ranks = local_world_size()
+    cores = cpu_count()
+    mem_budget = (parse_size(memory_budget, "memory_budget") if memory_budget is not None
+                  else (memory_total() // (2 * ranks) or None))
+    index = DatasetIndex.load(path)
+    import fastfeed.loading.api  # noqa: F401  (import torch before the clock starts)
+
+    space = space_for(decode)
+    cores_per_rank = max(1, cores // ranks)
+    cap = 2 * cores_per_rank if max_workers is None else max_workers
+    per_trial = trial_time if trial_time is not None else _per_trial_time(budget, space, cap, cores_per_rank)
+    if per_trial <= 0:
+        raise ConfigError(f"trial_time={trial_time} must be > 0 seconds")
+    log.info("tune: %d cores (%d per rank), %.1f s per setting, memory budget %s", cores,
+             cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
+
+    def measure_fn(s: Setting, seconds: float = per_trial) -> Measurement:
+        return measure_loader(index.root or path, s, batch_size=batch_size, decode=decode,
+                              image_size=image_size, seconds=seconds, seed=seed,
+                              loader_kwargs=loader_kwargs)
+
+    def confirm_fn(s: Setting) -> Measurement:
+        return measure_fn(s, CONFIRM_SCALE * per_trial)
+
+    start = time.monotonic()
+    out = search(measure_fn, cores=cores, space=space, local_world_size=ranks,
+                 max_workers=max_workers, target_rate=target_rate, headroom=headroom,
+                 memory_budget=mem_budget, time_budget=budget, confirm_top=CONFIRM_TOP,
+                 confirm_rounds=CONFIRM_ROUNDS, confirm_fn=confirm_fn, confirm_scale=CONFIRM_SCALE,
+                 confirm_share=CONFIRM_SHARE, on_trial=on_trial)
+    key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
+                          image_size=image_size, local_world_size=ranks)
+    m = out.best.measurement
+    if m is None:  # pragma: no cover - search only chooses measured trials
+        raise ConfigError("tune: the chosen setting has no measurement")
+    result = TuneResult(str(path), key, out.best.setting, m, out.trials, out.reason, target_rate,
+                        out.target_met, cores, cores_per_rank, mem_budget, budget,
+                        time.monotonic() - start, out.out_of_time, confirmed=out.confirmed)
+    if store:
+        result = _store(result, index, store_dir)
+    if plot is not None:
+        plot_result(result, plot)
+    return result
+
+
+def _store(result: TuneResult, index: Any, store_dir: Any) -> TuneResult:
+    s = result.setting
+    details = {k: v for k, v in result.to_json().items() if k not in ("key", "stored_at")}
+    rec = TuneRecord(result.key, s.num_workers, s.prefetch_factor, dict(s.knobs),
+                     result.samples_per_s,
+                     datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     details)
+    where = save_record(rec, str(index.root or result.path), store_dir)
+    return replace(result, stored_at=str(where))

@@ -1,0 +1,199 @@
+"""What ``fastfeed tune`` reports: :class:`TuneResult`, its table, JSON and plot.
+
+Example:
+    >>> r = fastfeed.tune("/data/ff", batch_size=256)   # doctest: +SKIP
+    >>> print(r.table()); print(r.summary())            # doctest: +SKIP
+    >>> plot_result(r, "tune.png")                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastfeed._util import format_bytes
+from fastfeed.errors import missing_dependency
+from fastfeed.timing.measure import Measurement
+from fastfeed.tuning.search import Trial
+from fastfeed.loading.knobs import Setting
+from fastfeed.loading.tuned import TuneKey
+
+__all__ = ["TuneResult", "plot_result"]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`tune` measured and chose.
+
+    Attributes:
+        path: the dataset.
+        key: what the result is valid for (and stored under).
+        setting: the chosen setting (``setting.loader_kwargs()`` for ``loader()``).
+        measurement: the chosen setting's measurement.
+        trials: every trial in the order run.
+        reason: one sentence: why this setting.
+        target_rate: the per-rank target (samples/s), or None for the fastest.
+        target_met: whether the chosen setting meets the target (None without one).
+        cores: usable cores on the host; ``cores_per_rank`` after ``LOCAL_WORLD_SIZE``.
+        memory_budget: bytes a setting could use (main + workers).
+        time_budget: seconds of measuring allowed; ``elapsed``: seconds the run took.
+        out_of_time: the time budget ended the search before it finished.
+        stored_at: the file the result was written to, or None.
+        confirmed: the candidates re-measured at the end (``tune_confirm.Confirmed``).
+    """
+
+    path: str
+    key: TuneKey
+    setting: Setting
+    measurement: Measurement
+    trials: tuple[Trial, ...]
+    reason: str
+    target_rate: float | None
+    target_met: bool | None
+    cores: int
+    cores_per_rank: int
+    memory_budget: int | None
+    time_budget: float
+    elapsed: float
+    out_of_time: bool
+    stored_at: str | None = None
+    confirmed: tuple[Any, ...] = ()
+
+    @property
+    def num_workers(self) -> int:
+        return self.setting.num_workers
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.setting.prefetch_factor
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.measurement.samples_per_s
+
+    @property
+    def measuring_s(self) -> float:
+        """Seconds spent measuring (the sum over trials)."""
+        return sum(t.seconds for t in self.trials)
+
+    @property
+    def baseline(self) -> Trial | None:
+        """The ``num_workers=0`` trial (PyTorch's default), when it was measured."""
+        return next((t for t in self.trials if t.ok and t.setting.num_workers == 0), None)
+
+    def table(self) -> str:
+        """The trials as a text table, the chosen one marked with ``*``."""
+        rows = [("", "phase", "workers", "prefetch", "knobs", "samples/s", "p10..p90", "memory", "time", "status")]
+        for t in self.trials:
+            m = t.measurement
+            rows.append((
+                "*" if t.measurement is not None and t.measurement is self.measurement else "",
+                t.phase,
+                str(t.setting.num_workers),
+                "-" if t.setting.prefetch_factor is None else str(t.setting.prefetch_factor),
+                " ".join(f"{k}={v}" for k, v in t.setting.knobs) or "-",
+                f"{m.samples_per_s:,.0f}" if m else "-",
+                f"{m.p10_samples_per_s:,.0f}..{m.p90_samples_per_s:,.0f}" if m else "-",
+                format_bytes(m.memory_bytes) if m and m.memory_bytes is not None else "-",
+                f"{t.seconds:.1f}s",
+                t.status if m is None or m.steady else f"{t.status}, NOT STEADY: {m.note}",
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        right = {2, 3, 5, 6, 7, 8}
+        return "\n".join(
+            "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows)
+
+    def summary(self) -> str:
+        """A few lines: the choice, why, against num_workers=0, where it was stored."""
+        s = self.setting
+        lines = [f"chosen: num_workers={s.num_workers} prefetch_factor={s.prefetch_factor}"
+                 + "".join(f" {k}={v}" for k, v in s.knobs)
+                 + f"  ({self.samples_per_s:,.0f} samples/s)", f"why: {self.reason}"]
+        for c in self.confirmed:
+            rates = ", ".join(f"{r:,.0f}" for r in c.rates)
+            lines.append(f"  confirm {c.setting.label}: median {c.rate:,.0f} samples/s ({rates}; "
+                         f"search saw {c.searched:,.0f})")
+        base = self.baseline
+        if base is not None and base.rate > 0 and s.num_workers:
+            lines.append(f"vs num_workers=0 (PyTorch's default): {self.samples_per_s / base.rate:.1f}x")
+        lines.append(f"measured {len(self.trials)} settings in {self.measuring_s:.0f}s "
+                     f"({self.cores} cores, {self.cores_per_rank} per rank, LOCAL_WORLD_SIZE="
+                     f"{self.key.local_world_size})" + (" - time budget ran out" if self.out_of_time else ""))
+        if self.stored_at:
+            lines.append(f"stored in {self.stored_at}; loader(num_workers='auto') will use it")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``fastfeed tune --json`` prints)."""
+        return {
+            "path": self.path,
+            "key": self.key.to_json(),
+            "chosen": {**self.setting.loader_kwargs(), "samples_per_s": self.samples_per_s},
+            "reason": self.reason,
+            "target_rate": self.target_rate,
+            "target_met": self.target_met,
+            "cores": self.cores,
+            "cores_per_rank": self.cores_per_rank,
+            "memory_budget": self.memory_budget,
+            "time_budget": self.time_budget,
+            "elapsed": self.elapsed,
+            "measuring_s": self.measuring_s,
+            "out_of_time": self.out_of_time,
+            "stored_at": self.stored_at,
+            "trials": [_trial_json(t) for t in self.trials],
+            "confirmed": [{**c.setting.loader_kwargs(), "median": c.rate, "rates": c.rates,
+                           "searched": c.searched} for c in self.confirmed],
+        }
+
+
+def _trial_json(t: Trial) -> dict[str, Any]:
+    return {"phase": t.phase, **t.setting.loader_kwargs(), "status": t.status, "seconds": t.seconds,
+            "measurement": t.measurement.to_json() if t.measurement is not None else None}
+
+
+def plot_result(result: TuneResult, png: str | os.PathLike[str]) -> Path:
+    """Draw throughput against workers, one line per prefetch factor, to ``png``.
+
+    Uses matplotlib's object API (no pyplot, no global backend change).
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise missing_dependency("matplotlib", "plot", "tune --plot") from None
+    fig = Figure(figsize=(7, 4.5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    lines: dict[tuple[Any, ...], list[Trial]] = {}
+    for t in result.trials:
+        if t.ok and t.phase != "confirm":
+            pf = t.setting.prefetch_factor
+            lines.setdefault((pf, t.setting.knobs), []).append(t)
+    zero = [t for (pf, _), ts in lines.items() if pf is None for t in ts]
+    for (pf, knobs), ts in sorted(lines.items(), key=lambda kv: (kv[0][0] or 0, str(kv[0][1]))):
+        if pf is None:
+            continue
+        ts = sorted(zero + ts, key=lambda t: t.setting.num_workers) if not knobs else ts
+        label = f"prefetch_factor={pf}" + "".join(f" {k}={v}" for k, v in knobs)
+        ax.plot([t.setting.num_workers for t in ts], [t.rate for t in ts], marker="o", label=label)
+    if zero and not any(pf is not None for pf, _ in lines):
+        ax.plot([0], [zero[0].rate], marker="o", label="num_workers=0")
+    ax.plot([result.num_workers], [result.samples_per_s], marker="*", markersize=16, color="k",
+            linestyle="none", label="chosen")
+    if result.target_rate:
+        ax.axhline(result.target_rate, color="gray", linestyle="--", label="target")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s (median of windows)")
+    ax.set_title(f"fastfeed tune: batch {result.key.batch_size}, decode={result.key.decode}, "
+                 f"{result.cores} cores")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    out = Path(png)
+    fig.savefig(out)
+    return out
