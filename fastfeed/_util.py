@@ -1,12 +1,13 @@
-"""Small shared helpers: sizes and durations as users write them."""
+"""Small shared helpers: sizes, durations and ``on_error`` modes as users write them."""
 
 from __future__ import annotations
 
 import re
+import warnings
 
 from fastfeed.errors import ConfigError
 
-__all__ = ["format_bytes", "parse_duration", "parse_size"]
+__all__ = ["ON_ERROR", "check_on_error", "format_bytes", "parse_duration", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
@@ -55,3 +56,30 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"  # pragma: no cover
+
+
+#: What ``on_error`` may be, for ``pack`` and ``loader()`` alike: stop at the first bad
+#: input with an error naming it, or skip it (counted and reported).
+ON_ERROR = ("raise", "skip")
+_OLD_ON_ERROR = {"fail": "raise"}
+
+
+def check_on_error(value: str, what: str = "on_error") -> str:
+    """Validate an ``on_error`` mode: ``"raise"`` or ``"skip"``.
+
+    The old spelling ``"fail"`` (``pack`` before 0.2) still means ``"raise"``, with a
+    :class:`FutureWarning` that says so.
+
+    Example:
+        >>> check_on_error("skip")
+        'skip'
+    """
+    if value in _OLD_ON_ERROR:
+        new = _OLD_ON_ERROR[value]
+        warnings.warn(f"{what}={value!r} is the old spelling of {new!r}; pass {what}={new!r}",
+                      FutureWarning, stacklevel=3)
+        return new
+    if value not in ON_ERROR:
+        raise ConfigError(f"{what}={value!r}; use 'raise' (stop at the first bad input) or 'skip' "
+                          "(leave it out, counted and reported)")
+    return value
