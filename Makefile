@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-# A plain torch requirement would pull a multi-GB CUDA build here: take the CPU wheel first.
+# A plain torch requirement would pull a multi-GB CUDA build here: take the CPU wheel first
+# (README.md, "Install": on a CPU machine, `pip install torch==2.13.0` before fastfeed).
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 # Benchmarks run in their own venv (never used by `make test`): torchvision only imports with the
@@ -16,7 +17,7 @@ BENCH_TORCH ?= torch==2.14.1 torchvision==0.29.1
 BENCH_APT   := libturbojpeg0-dev libopencv-dev pkg-config
 BENCH_ARGS  ?=
 
-.PHONY: demo test bench bench-env install clean
+.PHONY: demo test docs bench bench-env install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +29,13 @@ $(VENV)/.installed: pyproject.toml fastfeed/_jpegroi.c | $(PY)
 	$(PIP) install -e '.[dev,s3,turbo]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -e '.[dev,s3,turbo,ray,dali]'
+# mkdocs, mkdocstrings-python (the docs extra) and import-linter (dev) for `make docs` / `make test`
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) install -e '.[dev,docs,s3,turbo]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-docs
+	$(PIP) install -e '.[dev,docs,s3,turbo,ray,dali]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -37,8 +43,17 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m tools.demo --root demo-data
 
+# The suite, then the docstrings' examples (doctests), the import layering (pyproject's
+# [tool.importlinter]) and the site with --strict (a broken link or a stale API name fails).
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules fastfeed
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mkdocs build --strict -q
+
+# The site (mkdocs.yml, docs/) into build/site; `$(BIN)/mkdocs serve` to browse it while editing.
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict
 
 $(BENCH_PY):
 	$(PYTHON) -m venv $(BENCH_VENV)
