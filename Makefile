@@ -49,9 +49,9 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules fastfeed
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/mkdocs build --strict -q
+	$(BIN)/mkdocs build --strict
 
-# The site (mkdocs.yml, docs/) into build/site; `$(BIN)/mkdocs serve` to browse it while editing.
+# The site (mkdocs.yml, docs/) into build/site (never -q: it hides the warnings --strict counts); `$(BIN)/mkdocs serve` to browse it while editing.
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict
 
