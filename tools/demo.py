@@ -16,6 +16,10 @@ Steps:
 5. :func:`load_epoch`: one epoch through ``fastfeed.loader`` with the tuned setting, and its
    throughput.
 
+The commands it prints run as printed from the same folder: they name the ``fastfeed``
+script of the environment that runs the demo (``.venv/bin/fastfeed`` after ``make demo``), and
+the last lines say how to activate that environment.
+
 Example:
     $ python -m tools.demo --root demo-data --images 2000
 """
@@ -24,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["STEPS", "Demo", "load_epoch", "main", "make_data", "pack_data", "show_info", "tune_loader"]
+__all__ = ["STEPS", "Demo", "fastfeed_command", "load_epoch", "main", "make_data", "pack_data", "show_info", "tune_loader"]
 
 
 @dataclass
@@ -64,6 +70,29 @@ class Demo:
         return self.root / "train-ff"
 
 
+def fastfeed_command() -> str:
+    """How to run the ``fastfeed`` CLI of this Python, as a user types it from the current folder.
+
+    The environment's own script (``.venv/bin/fastfeed``, relative when it lies below the
+    current folder) when it exists, else ``python -m fastfeed`` with this interpreter.
+    """
+    script = Path(sys.executable).parent / "fastfeed"
+    if not script.is_file():
+        return f"{shlex.quote(_shown(Path(sys.executable)))} -m fastfeed"
+    return shlex.quote(_shown(script))
+
+
+def _shown(path: Path) -> str:
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+
+
+def _say(args: Sequence[str]) -> None:
+    print("$ " + " ".join([fastfeed_command(), *map(shlex.quote, args)]), flush=True)
+
+
 def make_data(demo: Demo) -> None:
     """Generate the ImageNet-like folder (reused when it already matches)."""
     from tools.synth import make_image_folder
@@ -87,8 +116,9 @@ def pack_data(demo: Demo) -> None:
     from fastfeed.cli import main as cli
     from fastfeed.packed.index import DatasetIndex
 
-    print(f"$ fastfeed pack {demo.src} {demo.dst} --shard-size 32MB --workers {demo.workers}")
-    rc = cli(["pack", str(demo.src), str(demo.dst), "--shard-size", "32MB", "--workers", str(demo.workers)])
+    args = ["pack", str(demo.src), str(demo.dst), "--shard-size", "32MB", "--workers", str(demo.workers)]
+    _say(args)
+    rc = cli(args)
     if rc != 0:
         raise SystemExit(rc)
     demo.index = DatasetIndex.load(demo.dst)
@@ -98,7 +128,7 @@ def show_info(demo: Demo) -> None:
     """``fastfeed info`` of the packed dataset."""
     from fastfeed.cli import main as cli
 
-    print(f"$ fastfeed info {demo.dst}")
+    _say(["info", str(demo.dst)])
     cli(["info", str(demo.dst)])
 
 
@@ -114,7 +144,7 @@ def tune_loader(demo: Demo) -> None:
     demo.notes.setdefault("image_size", 224)
     args = [str(demo.dst), "--batch-size", str(demo.notes["batch_size"]), "--image-size",
             str(demo.notes["image_size"]), "--time-budget", "30s"]
-    print("$ fastfeed tune " + " ".join(args))
+    _say(["tune", *args])
     rc = cli(["tune", *args])
     if rc != 0:
         raise SystemExit(rc)
@@ -132,8 +162,8 @@ def load_epoch(demo: Demo) -> None:
     dl = fastfeed.loader(demo.dst, batch_size=bs, image_size=size, num_workers="auto",
                          prefetch_factor="auto", seed=0)
     dl.set_epoch(0)
-    print(f"$ fastfeed.loader({str(demo.dst)!r}, batch_size={bs}, image_size={size})"
-          f"  -> {len(dl)} batches, num_workers={dl.num_workers}")
+    print(f">>> fastfeed.loader({str(demo.dst)!r}, batch_size={bs}, image_size={size})"
+          f"  # -> {len(dl)} batches, num_workers={dl.num_workers}")
     t0 = time.perf_counter()
     n = 0
     first: dict[str, Any] | None = None
@@ -182,7 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         step(demo)
         print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+    _next_steps(demo)
     return 0
+
+
+def _next_steps(demo: Demo) -> None:
+    """Print what to try next, runnable as printed from the current folder."""
+    ff = fastfeed_command()
+    bindir = Path(sys.executable).parent
+    print("\n== next: the same tools on the packed demo data")
+    if (bindir / "activate").is_file():
+        print(f"   (these run as printed; or `source {shlex.quote(_shown(bindir / 'activate'))}`, then type `fastfeed ...`)")
+    dst = shlex.quote(str(demo.dst))
+    print(f"$ {ff} verify {dst}")
+    print(f"$ {ff} doctor {dst} --batch-size 64 --image-size 224 --time-budget 30s")
+    print(f"$ {ff} tune {dst} --batch-size 64 --image-size 224 --time-budget 30s --no-store")
 
 
 if __name__ == "__main__":
