@@ -77,7 +77,8 @@ class Facts:
     def tune_command(self) -> str:
         size = self.image_size
         opts = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
-        opts += f" --decode {self.decode}" if self.decode not in ("cpu", None) else ""
+        opts += " --image-size none" if size is None and self.images is not None else ""  # not tune's default
+        opts += f" --decode {self.decode or 'none'}" if self.decode != "cpu" else ""
         opts += f" --target-rate {self.demand:.0f}" if self.demand else ""
         return f"fastfeed tune {self.path} --batch-size {self.batch_size}{opts}"
 
@@ -86,13 +87,10 @@ def _n(x: float | None) -> str:
     return "?" if x is None else f"{x:,.0f}"
 
 
-def _unmeasured(f: Facts, keys: tuple[str, ...]) -> str:
-    """Why the CPU decode figures are missing, in words ('' when all of ``keys`` were measured)."""
-    missing = [k for k in keys if f.rate(k) is None]
-    if not missing:
-        return ""
-    skipped = [f.stages[k].skipped for k in missing if k in f.stages and f.stages[k].skipped]
-    return f" (CPU decode not measured: {skipped[0]})" if skipped else ""
+def _unmeasured(f: Facts) -> str:
+    """Why the CPU decode stages were skipped, in words ('' when they ran)."""
+    s = f.stages.get("decode_core")
+    return f" (CPU decode not measured: {s.skipped})" if s is not None and s.skipped else ""
 
 
 def _decode_all(f: Facts) -> str:
@@ -211,7 +209,7 @@ def _decode(f: Facts) -> tuple[str, str]:
                + (f" ({core:,.0f} per core)" if core is not None else "") + ", ")
     else:  # DALI (or raw bytes): the loader's figure is the decode figure
         what = "the DALI loader (GPU decode)" if f.decode == "dali" else "the loader"
-        why = f"{what} delivers {_n(f.rate('loader'))} samples/s{_unmeasured(f, ('decode_all',))}, "
+        why = f"{what} delivers {_n(f.rate('loader'))} samples/s{_unmeasured(f)}, "
     why += f"storage {_n(f.rate('storage'))}"
     why += f"; the loader delivers {_n(f.rate('loader'))}{_busy(f)}" if all_ is not None else _busy(f)
     fixes = []
@@ -219,7 +217,9 @@ def _decode(f: Facts) -> tuple[str, str]:
         fixes.append(f"use all {f.cores_per_rank} cores: num_workers={f.num_workers} reaches {_n(f.rate('loader'))}, "
                      f"all cores {_n(all_)} samples/s (`{f.tune_command()}`)")
     dali = f.rate("dali")
-    if dali is not None:
+    if f.decode == "dali":
+        fixes.append(f"tune the DALI pipeline (its threads and queue depth): `{f.tune_command()}`")
+    elif dali is not None:
         fixes.append(f"decode on the GPU: loader(..., decode='dali') delivered {dali:,.0f} samples/s here")
     elif f.image_size is not None:
         fixes.append(f"decode on the GPU with loader(..., decode='dali') (not measured here: {f.dali_skipped})")
