@@ -6,8 +6,8 @@ Each subcommand has an ``_add_<command>(sub)`` that declares its arguments and a
 --fail-if-input-bound``); 2 a usage error (bad arguments, or a
 :class:`~fastfeed.errors.FastfeedError` from the library: one line on stderr); 3 an
 unexpected internal error (one line, ``-v`` shows the traceback); 130 interrupted.
-Progress goes to stderr: a bar on a terminal, else a line every :data:`PROGRESS_EVERY`
-seconds (batch jobs have no terminal).
+Progress goes to stderr: a bar on a terminal, else a line every
+:data:`fastfeed._progress.PROGRESS_EVERY` seconds (batch jobs have no terminal).
 
 Example:
     >>> from fastfeed.cli import main
@@ -20,20 +20,18 @@ import argparse
 import logging
 import os
 import sys
-import time
 from typing import Any, Callable, Sequence
 
 from fastfeed import __version__
+from fastfeed._progress import PackProgress, Progress
 from fastfeed.errors import FastfeedError
 
-__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "PROGRESS_EVERY", "build_parser", "main"]
+__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "build_parser", "main"]
 
 Runner = Callable[[argparse.Namespace], int]
 
 #: Exit codes: ok; problems found (verify, doctor --fail-if-input-bound); usage error; internal error.
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-#: Seconds between progress lines when stderr is not a terminal.
-PROGRESS_EVERY = 30.0
 
 _EPILOG = """exit codes:
   0    ok
@@ -44,45 +42,6 @@ _EPILOG = """exit codes:
 
 Progress goes to stderr: a bar on a terminal, else a line every 30 s (SLURM and CI logs).
 -v works before or after the command."""
-
-
-class _Progress:
-    """Progress on stderr: a tqdm bar on a terminal, else a plain line every :data:`PROGRESS_EVERY` s."""
-
-    def __init__(self, desc: str, unit: str, tty: bool | None = None) -> None:
-        self.desc, self.unit = desc, unit
-        self.tty = sys.stderr.isatty() if tty is None else tty
-        self._bar: Any = None
-        self._start = time.monotonic()
-        self._last: float | None = None
-
-    def update(self, done: int, total: int, extra: str = "") -> None:
-        if self.tty:
-            if self._bar is None:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, unit=self.unit, unit_scale=True, desc=self.desc,
-                                 dynamic_ncols=True, file=sys.stderr)
-            self._bar.update(done - self._bar.n)
-            if extra:
-                self._bar.set_postfix_str(extra, refresh=False)
-            return
-        now = time.monotonic()
-        if self._last is not None and now - self._last < PROGRESS_EVERY and done < total:
-            return
-        self._last = now
-        share = f" ({done / total:.0%})" if total else ""
-        print(f"{self.desc}: {done:,}/{total:,} {self.unit}s{share}, {now - self._start:,.0f} s"
-              + (f", {extra}" if extra else ""), file=sys.stderr, flush=True)
-
-    def label(self, desc: str) -> None:
-        self.desc = desc
-        if self._bar is not None:
-            self._bar.set_description_str(desc, refresh=False)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 # ---------------------------------------------------------------- pack / info / verify
@@ -133,23 +92,6 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-class _PackBar(_Progress):
-    """``fastfeed pack`` progress: files, MB/s and ETA (a bar, or lines off a terminal)."""
-
-    def __init__(self, tty: bool | None = None) -> None:
-        super().__init__("pack", "file", tty)
-
-    def __call__(self, files: int, files_total: int, nbytes: int, bytes_total: int) -> None:
-        elapsed = max(time.monotonic() - self._start, 1e-6)
-        from fastfeed._util import format_bytes
-
-        self.update(files, files_total, f"{nbytes / elapsed / 1e6:.1f} MB/s of {format_bytes(bytes_total)}")
-
-    def shards_done(self, done: int, total: int) -> None:
-        """Called by ``--engine ray`` as shards finish: show them in the label."""
-        self.label(f"pack {done}/{total} shards")
-
-
 def _index_stamp(dst: str) -> Any:
     """What identifies DST's index.json now (None when there is none): unchanged = nothing was packed."""
     from fastfeed.packed.index import INDEX_NAME
@@ -179,7 +121,7 @@ def _run_pack(args: argparse.Namespace) -> int:
             raise ConfigError(f"--workers {workers!r}: write a number or auto") from None
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address needs --engine ray")
-    bar = _PackBar()
+    bar = PackProgress()
     ray_log = logging.getLogger("fastfeed.pack.ray")
     ray_level = ray_log.level
     if args.engine == "ray" and not bar.tty:
@@ -278,7 +220,7 @@ def _run_verify(args: argparse.Namespace) -> int:
             workers = int(args.workers)
         except ValueError:
             raise ConfigError(f"--workers {args.workers!r}: write a number or auto") from None
-    bar = _Progress("verify", "shard")
+    bar = Progress("verify", "shard")
     try:
         report = verify(args.dst, workers=workers, decode=not args.no_decode, progress=bar.update)
     finally:
@@ -409,8 +351,8 @@ def _sizes(args: argparse.Namespace, decode: str | None, cache_dir: Any = None) 
 def _run_tune(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.tuning.search import Trial
     from fastfeed.tuning.api import tune
+    from fastfeed.tuning.search import Trial
 
     def progress(t: Trial) -> None:
         m = t.measurement
@@ -491,7 +433,6 @@ def _run_doctor(args: argparse.Namespace) -> int:
     import json
 
     from fastfeed.diagnosis.api import doctor
-
     from fastfeed.errors import ConfigError
 
     def progress(stage: object) -> None:
@@ -576,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug: one line, the traceback with -v
+    except Exception as e:  # noqa: BLE001 - a bug: one line (exit 3), the traceback with -v
         if args.verbose:
             import traceback
 

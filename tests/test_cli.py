@@ -16,8 +16,15 @@ from pathlib import Path
 import pytest
 
 import fastfeed
-from fastfeed.cli import EXIT_INTERNAL, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, build_parser, main
-from fastfeed.loading.tuned import TuneKey, TuneRecord, find_record, save_record
+from fastfeed.cli import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    build_parser,
+    main,
+)
+from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record, stored_record
 from fastfeed.packed.index import DatasetIndex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m fastfeed ARGS`` (or ``python -c CODE ARGS``), stdout/stderr piped: no terminal."""
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "fastfeed", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -115,29 +122,38 @@ def test_pack_json_and_already_complete(photos: Path, tmp_path: Path,
     assert capsys.readouterr().out.startswith("packed 60 samples")
 
 
-def test_progress_lines_without_a_terminal(photos: Path, tmp_path: Path) -> None:
-    packed = _cli("pack", str(photos / "train"), str(tmp_path / "o"), "--workers", "1")
-    assert packed.returncode == 0, packed.stderr
-    lines = [x for x in packed.stderr.splitlines() if x.startswith("pack: ")]
-    assert lines and lines[-1].startswith("pack: 60/60 files (100%)") and "MB/s" in lines[-1]
-    assert "\r" not in packed.stderr  # lines for a log file, not a bar
-    verified = _cli("verify", str(tmp_path / "o"))
-    assert verified.returncode == 0 and "verify: 1/1 shards (100%)" in verified.stderr
+def test_progress_lines_without_a_terminal(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import fastfeed._progress as progress
+
+    # capsys: stderr is not a terminal. A run shorter than the interval prints no line ...
+    assert main(["pack", str(photos / "train"), str(tmp_path / "quiet"), "--workers", "1"]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)  # ... a longer one a line per interval
+    assert main(["pack", str(photos / "train"), str(tmp_path / "o"), "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines and lines[-1].startswith("pack: 60/60 files (100%)") and "MB/s of" in lines[-1]
+    assert "\r" not in err  # lines for a log file, not a bar
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    assert "verify: 1/1 shards (100%)" in capsys.readouterr().err
 
 
-def test_progress_line_every_interval(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import fastfeed.cli as cli
+def test_progress_line_every_interval(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
 
-    monkeypatch.setattr(cli, "PROGRESS_EVERY", 3600.0)
-    bar = cli._Progress("verify", "shard", tty=False)
-    for i in range(1, 11):
-        bar.update(i, 10)
-    assert capsys.readouterr().err.splitlines()[0].startswith("verify: 1/10 shards")  # the first ...
-    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.0)
-    for i in range(1, 4):
-        bar.update(i, 10)
-    assert len(capsys.readouterr().err.splitlines()) == 3  # ... then one per interval
+    import fastfeed._progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.2)
+    bar = progress.Progress("verify", "shard", tty=False)
+    bar.update(1, 10)
+    assert capsys.readouterr().err == ""  # not yet an interval
+    time.sleep(0.25)
+    bar.update(2, 10)
+    bar.update(3, 10)  # within the interval of the last line
+    assert capsys.readouterr().err.splitlines() == ["verify: 2/10 shards (20%), 0 s"]
+    bar.update(10, 10)  # the end, since lines were shown
+    assert capsys.readouterr().err.startswith("verify: 10/10 shards (100%)")
 
 
 # ---------------------------------------------------------------------- tune and doctor defaults
@@ -163,8 +179,8 @@ def test_tune_and_doctor_python_defaults_agree(photos: Path) -> None:
 
 
 def test_defaults_without_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests._loader_data import write_dataset
     from fastfeed.tuning.defaults import resolve_defaults
+    from tests._loader_data import write_dataset
 
     write_dataset(tmp_path / "texts", shard_counts=(40, 40))
     rc = main(["tune", str(tmp_path / "texts"), "--time-budget", "2s", "--max-workers", "0", "--json"])
@@ -206,8 +222,6 @@ def test_tune_keeps_a_better_stored_result(photos: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert "warning: not stored: the result stored in" in out and "(num_workers=7)" in out
     assert "--replace" in out and "stored in" not in out.replace("the result stored in", "")
-    from fastfeed.loading.tuned import stored_record
-
     assert stored_record(str(dst), key, store).num_workers == 7
     assert main([*args, "--replace"]) == 0
     assert "loader(num_workers='auto') will use it" in capsys.readouterr().out

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from fastfeed.errors import ConfigError
 
@@ -32,7 +31,7 @@ DEFAULT_BATCH_SIZE = 64
 #: Output image size (square) when none is given and the dataset has images.
 DEFAULT_IMAGE_SIZE = 224
 
-ImageSize = Union[int, tuple[int, int], None]
+ImageSize = int | tuple[int, int] | None
 
 
 @dataclass(frozen=True)
