@@ -57,7 +57,7 @@ from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.storage.remote import is_url
-from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note
+from fastfeed.tuning.defaults import DEFAULT_BATCH_SIZE, resolve_defaults, small_dataset_note
 
 __all__ = ["DoctorReport", "Finding", "Stage", "doctor"]
 
@@ -170,6 +170,8 @@ def doctor(
     """
     start = time.monotonic()
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before we add our own
+    given_batch, batch_size = batch_size, DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     path_s = str(path)
     kwargs = dict(loader_kwargs or {})
     kwargs.update(cache_dir=cache_dir, storage_options=storage_options, rank=0, world_size=1)
@@ -179,11 +181,9 @@ def doctor(
     from fastfeed.loading.knobs import Setting
 
     has_images = _has_images(index)
-    chosen = resolve_defaults(has_images=has_images, batch_size=batch_size, image_size=image_size, decode=decode)
+    chosen = resolve_defaults(has_images=has_images, batch_size=given_batch, image_size=image_size, decode=decode)
     if chosen.assumed:
         log.info("doctor: %s", chosen.line())
-    batch_size = chosen.batch_size
-    demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     size = normalize_image_size(chosen.image_size)
     cores, ranks = cpu_count(), local_world_size()
     cores_per_rank = max(1, cores // ranks)
