@@ -1,8 +1,13 @@
 """The ``fastfeed`` command: a thin argparse layer over the public functions.
 
 Each subcommand has an ``_add_<command>(sub)`` that declares its arguments and a
-``_run_<command>(args) -> int`` that calls the library and prints. Errors from the
-library (:class:`~fastfeed.errors.FastfeedError`) become one line on stderr and exit 2.
+``_run_<command>(args) -> int`` that calls the library and prints. Exit codes (also in
+``fastfeed --help``): 0 ok; 1 the check found problems (``verify``, ``doctor
+--fail-if-input-bound``); 2 a usage error (bad arguments, or a
+:class:`~fastfeed.errors.FastfeedError` from the library: one line on stderr); 3 an
+unexpected internal error (one line, ``-v`` shows the traceback); 130 interrupted.
+Progress goes to stderr: a bar on a terminal, else a line every
+:data:`fastfeed._progress.PROGRESS_EVERY` seconds (batch jobs have no terminal).
 
 Example:
     >>> from fastfeed.cli import main
@@ -13,15 +18,30 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from fastfeed import __version__
+from fastfeed._progress import PackProgress, Progress
 from fastfeed.errors import FastfeedError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "build_parser", "main"]
 
 Runner = Callable[[argparse.Namespace], int]
+
+#: Exit codes: ok; problems found (verify, doctor --fail-if-input-bound); usage error; internal error.
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+_EPILOG = """exit codes:
+  0    ok
+  1    the check found problems: verify found damage; doctor --fail-if-input-bound found the input bound
+  2    usage error: bad arguments, or an error fastfeed explains (what, where, how to fix)
+  3    unexpected internal error (a bug): run again with -v for the traceback
+  130  interrupted
+
+Progress goes to stderr: a bar on a terminal, else a line every 30 s (SLURM and CI logs).
+-v works before or after the command."""
 
 
 # ---------------------------------------------------------------- pack / info / verify
@@ -69,37 +89,23 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="with --engine ray: the head node's HOST:PORT, auto, or ray://HOST:PORT "
                         "(default: RAY_ADDRESS, else a new local Ray)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-class _PackBar:
-    """tqdm bar (files/s, MB/s, ETA) for ``fastfeed pack`` on a terminal."""
+def _index_stamp(dst: str) -> Any:
+    """What identifies DST's index.json now (None when there is none): unchanged = nothing was packed."""
+    from fastfeed.packed.index import INDEX_NAME
+    from fastfeed.storage.remote import filesystem, is_url
 
-    def __init__(self) -> None:
-        self._bar = None
-        self._start = 0.0
-
-    def __call__(self, files: int, files_total: int, nbytes: int, bytes_total: int) -> None:
-        import time
-
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=files_total, unit="file", unit_scale=True, desc="pack",
-                             dynamic_ncols=True, file=sys.stderr)
-            self._start = time.monotonic()
-        self._bar.update(files - self._bar.n)
-        elapsed = max(time.monotonic() - self._start, 1e-6)
-        self._bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s of {bytes_total / 1e6:.0f} MB",
-                                  refresh=False)
-
-    def shards_done(self, done: int, total: int) -> None:
-        """Called by ``--engine ray`` as shards finish: show them in the bar's label."""
-        if self._bar is not None:
-            self._bar.set_description_str(f"pack {done}/{total} shards", refresh=False)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+    try:
+        if is_url(dst):
+            fs, root = filesystem(dst)
+            info = fs.info(f"{root.rstrip('/')}/{INDEX_NAME}")
+            return tuple(sorted((str(k), str(v)) for k, v in info.items()))
+        st = os.stat(os.path.join(dst, INDEX_NAME))
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError, FastfeedError):
+        return None
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -115,11 +121,12 @@ def _run_pack(args: argparse.Namespace) -> int:
             raise ConfigError(f"--workers {workers!r}: write a number or auto") from None
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address needs --engine ray")
-    bar = _PackBar() if sys.stderr.isatty() else None
+    bar = PackProgress()
     ray_log = logging.getLogger("fastfeed.pack.ray")
     ray_level = ray_log.level
-    if args.engine == "ray" and bar is None:
-        ray_log.setLevel(logging.INFO)  # no terminal (a cluster job's log): progress lines instead of a bar
+    if args.engine == "ray" and not bar.tty:
+        ray_log.setLevel(logging.INFO)  # no terminal (a cluster job's log): the engine's shard lines too
+    before = None if args.overwrite else _index_stamp(args.dst)
     try:
         idx = pack(
             args.src, args.dst, input=args.input, format=args.format, shard_size=args.shard_size,
@@ -130,12 +137,22 @@ def _run_pack(args: argparse.Namespace) -> int:
         )
     finally:
         ray_log.setLevel(ray_level)
-        if bar is not None:
-            bar.close()
+        bar.close()
     total = sum(s.bytes for s in idx.shards)
-    print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
-          f"{format_bytes(total)}, in {args.dst}")
-    if idx.skipped:
+    done = before is not None and before == _index_stamp(args.dst)  # pack() found it complete
+    if args.json:
+        import json
+
+        print(json.dumps({"dst": args.dst, "already_complete": done, "num_samples": idx.num_samples,
+                          "num_shards": len(idx.shards), "format": idx.format, "bytes": total,
+                          "skipped": len(idx.skipped)}, indent=1))
+    elif done:
+        print(f"already complete: {args.dst} holds these {idx.num_samples} samples in {len(idx.shards)} "
+              f"{idx.format} shard(s), {format_bytes(total)}; nothing was packed (--overwrite packs again)")
+    else:
+        print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
+              f"{format_bytes(total)}, in {args.dst}")
+    if idx.skipped and not args.json:
         print(f"skipped {len(idx.skipped)} input(s); see {args.dst}/skipped.txt")
     return 0
 
@@ -203,7 +220,11 @@ def _run_verify(args: argparse.Namespace) -> int:
             workers = int(args.workers)
         except ValueError:
             raise ConfigError(f"--workers {args.workers!r}: write a number or auto") from None
-    report = verify(args.dst, workers=workers, decode=not args.no_decode)
+    bar = Progress("verify", "shard")
+    try:
+        report = verify(args.dst, workers=workers, decode=not args.no_decode, progress=bar.update)
+    finally:
+        bar.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     elif report.ok:
@@ -212,7 +233,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"{args.dst}: {len(report.problems)} problem(s):", file=sys.stderr)
         for line in report.problems:
             print(f"  {line}", file=sys.stderr)
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 # ---------------------------------------------------------------- balance
@@ -269,9 +290,8 @@ _TUNE_HELP = "measure the loader and store the best num_workers / prefetch_facto
 
 def _add_tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", metavar="DST", help="a packed dataset (folder or URL)")
-    p.add_argument("--batch-size", type=int, default=256, help="per-rank batch size (default 256)")
+    _add_sizes(p)
     p.add_argument("--decode", default="cpu", help="decode mode: cpu or dali (default cpu)")
-    p.add_argument("--image-size", type=int, default=None, help="output image size, e.g. 224")
     p.add_argument("--time-budget", default="60s", help="measuring time, e.g. 60s or 2m (default 60s)")
     p.add_argument("--max-workers", type=int, default=None,
                    help="cap on workers (default: twice the cores per rank)")
@@ -285,14 +305,54 @@ def _add_tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-dir", default=None,
                    help="store the result here (default: the dataset folder, else ~/.cache/fastfeed)")
     p.add_argument("--no-store", action="store_true", help="measure only; do not store the result")
+    p.add_argument("--replace", action="store_true",
+                   help="store the result even when the stored one is better (steady, confirmed or longer)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_sizes(p: argparse.ArgumentParser) -> None:
+    """--batch-size / --image-size with the defaults tune and doctor share (fastfeed.tuning.defaults)."""
+    from fastfeed.tuning.defaults import DEFAULT_BATCH_SIZE, DEFAULT_IMAGE_SIZE
+
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help=f"per-rank batch size training uses (default {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--image-size", default=None, metavar="PX",
+                   help=f"output image size training uses, or none for no resizing (default "
+                        f"{DEFAULT_IMAGE_SIZE} when the data has images)")
+
+
+def _sizes(args: argparse.Namespace, decode: str | None, cache_dir: Any = None) -> tuple[int | None, Any]:
+    """(batch size, image size) to pass on; prints one line on stderr saying what was assumed."""
+    from fastfeed.decode.fields import is_image
+    from fastfeed.errors import ConfigError
+    from fastfeed.packed.reader import resolve_index
+    from fastfeed.tuning.defaults import resolve_defaults
+
+    size: Any = "auto"
+    if args.image_size is not None:
+        if args.image_size.lower() == "none":
+            size = None
+        else:
+            try:
+                size = int(args.image_size)
+            except ValueError:
+                raise ConfigError(f"--image-size {args.image_size!r}: write a number of pixels or none") from None
+    try:
+        index = resolve_index(args.dst, cache_dir=cache_dir)
+    except FastfeedError:  # the command itself reports it, with its own advice
+        return args.batch_size, size
+    chosen = resolve_defaults(has_images=any(is_image(f) for f in index.fields), batch_size=args.batch_size,
+                              image_size=size, decode=decode)
+    if chosen.line():
+        print(chosen.line(), file=sys.stderr, flush=True)
+    return chosen.batch_size, chosen.image_size
 
 
 def _run_tune(args: argparse.Namespace) -> int:
     import json
 
-    from fastfeed.tuning.search import Trial
     from fastfeed.tuning.api import tune
+    from fastfeed.tuning.search import Trial
 
     def progress(t: Trial) -> None:
         m = t.measurement
@@ -300,16 +360,20 @@ def _run_tune(args: argparse.Namespace) -> int:
         flag = "" if m is None or m.steady else f" (not steady: {m.note})"
         print(f"  {t.phase:<8} {t.setting.label}: {rate}{flag}", file=sys.stderr, flush=True)
 
+    decode = None if args.decode == "none" else args.decode
+    batch_size, image_size = _sizes(args, decode)
     result = tune(
-        args.dst, batch_size=args.batch_size, decode=args.decode, image_size=args.image_size,
+        args.dst, batch_size=batch_size, decode=decode, image_size=image_size,
         time_budget=args.time_budget, max_workers=args.max_workers, target_rate=args.target_rate,
         step_time=args.step_time, memory_budget=args.memory_budget, trial_time=args.trial_time,
         plot=args.plot,
-        store=not args.no_store, store_dir=args.store_dir,
+        store=not args.no_store, store_dir=args.store_dir, replace_better=args.replace,
         on_trial=None if args.json else progress,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
+        for note in result.notes:
+            print(f"warning: {note}", file=sys.stderr)
     else:
         print(result.table())
         print()
@@ -340,9 +404,7 @@ def _add_doctor(p: argparse.ArgumentParser) -> None:
     _add_demand(p, "what one rank's training consumes, in samples/s")
     p.add_argument("--world-size", type=int, default=None, metavar="W",
                    help="ranks, for the length balance (default: WORLD_SIZE, else 1)")
-    p.add_argument("--batch-size", type=int, default=256, help="per-rank batch size (default 256)")
-    p.add_argument("--image-size", type=int, default=None,
-                   help="output image size training uses (default 224 when the data has images)")
+    _add_sizes(p)
     p.add_argument("--decode", default="cpu", choices=["cpu", "dali", "none"], help="decode mode (default cpu)")
     p.add_argument("--num-workers", default="auto", metavar="N",
                    help="loader workers (default auto: the tuned setting, else loader()'s heuristic)")
@@ -351,6 +413,9 @@ def _add_doctor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="local shard cache for remote data, as in loader()")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--report", default=None, metavar="HTML", help="also write a self-contained HTML report")
+    p.add_argument("--fail-if-input-bound", action="store_true",
+                   help="exit 1 when the verdict is input-bound (needs --target-rate or --step-time), "
+                        "so a CI job can gate on it")
 
 
 def _auto_int(value: str, name: str) -> int | str:
@@ -368,15 +433,19 @@ def _run_doctor(args: argparse.Namespace) -> int:
     import json
 
     from fastfeed.diagnosis.api import doctor
+    from fastfeed.errors import ConfigError
 
     def progress(stage: object) -> None:
         print(f"  measured {getattr(stage, 'name', stage)}", file=sys.stderr, flush=True)
 
+    if args.fail_if_input_bound and args.target_rate is None and args.step_time is None:
+        raise ConfigError("--fail-if-input-bound needs what training consumes: pass --target-rate SAMPLES_PER_S "
+                          "or --step-time SECONDS (without a demand there is no input-bound verdict)")
+    decode = None if args.decode == "none" else args.decode
+    batch_size, image_size = _sizes(args, decode, args.cache_dir)
     result = doctor(
         args.dst, source=args.source, target_rate=args.target_rate, step_time=args.step_time,
-        world_size=args.world_size, batch_size=args.batch_size,
-        image_size="auto" if args.image_size is None else args.image_size,
-        decode=None if args.decode == "none" else args.decode,
+        world_size=args.world_size, batch_size=batch_size, image_size=image_size, decode=decode,
         num_workers=_auto_int(args.num_workers, "--num-workers"),
         prefetch_factor=_auto_int(args.prefetch_factor, "--prefetch-factor"),
         time_budget=args.time_budget, cache_dir=args.cache_dir, report=args.report,
@@ -388,7 +457,11 @@ def _run_doctor(args: argparse.Namespace) -> int:
         print(result.text())
         if args.report:
             print(f"report: {args.report}")
-    return 0
+    if args.fail_if_input_bound and result.input_bound:
+        print(f"fastfeed doctor: input-bound ({result.deliverable:,.0f} of {result.demand:,.0f} samples/s per "
+              "rank): exit 1 (--fail-if-input-bound)", file=sys.stderr)
+        return EXIT_PROBLEMS
+    return EXIT_OK
 
 
 
@@ -407,36 +480,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastfeed",
         description="Pack, load, tune and diagnose input pipelines for multi-GPU PyTorch training.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fastfeed {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details and show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_, add, run in COMMANDS:
         p = sub.add_parser(name, help=help_, description=help_)
         add(p)
+        # -v after the command too; SUPPRESS keeps the value given before it when absent here
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log progress details and show tracebacks")
         p.set_defaults(_run=run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 problems found, 2 error)."""
+    """Run the CLI; returns the exit code (see the module docstring: 0 ok, 1 problems, 2 usage, 3 internal)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2, message already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="fastfeed: %(message)s",
     )
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args._run(args))
     except FastfeedError as e:
         print(f"fastfeed {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a bug: one line (exit 3), the traceback with -v
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        hint = "the traceback is above" if args.verbose else "run again with -v for the traceback"
+        print(f"fastfeed {args.command}: internal error: {type(e).__name__}: {e} ({hint}; please report it)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -57,6 +57,7 @@ from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.storage.remote import is_url
+from fastfeed.tuning.defaults import DEFAULT_BATCH_SIZE, resolve_defaults, small_dataset_note
 
 __all__ = ["DoctorReport", "Finding", "Stage", "doctor"]
 
@@ -120,7 +121,7 @@ def doctor(
     target_rate: float | None = None,
     step_time: float | None = None,
     world_size: int | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     image_size: int | tuple[int, int] | str | None = "auto",
     decode: str | None = "cpu",
     num_workers: int | str = "auto",
@@ -143,9 +144,10 @@ def doctor(
         step_time: seconds per training step instead (demand = ``batch_size / step_time``).
         world_size: ranks, for the sampler balance (default: torch.distributed /
             ``WORLD_SIZE``, else 1).
-        batch_size: the per-rank batch size training uses.
+        batch_size: the per-rank batch size training uses (default
+            :data:`~fastfeed.tuning.defaults.DEFAULT_BATCH_SIZE`, the same as ``tune``'s).
         image_size: the output size training uses; ``"auto"``: 224 when the dataset has
-            images, else None.
+            images (and is decoded), else None, as ``tune``.
         decode: ``"cpu"``, ``"dali"`` or None (raw bytes), as given to ``loader()``.
         num_workers, prefetch_factor: the loader setting; ``"auto"`` is what ``loader()``
             would use (a ``fastfeed tune`` result, else its heuristic).
@@ -168,6 +170,7 @@ def doctor(
     """
     start = time.monotonic()
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before we add our own
+    given_batch, batch_size = batch_size, DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     path_s = str(path)
     kwargs = dict(loader_kwargs or {})
@@ -178,8 +181,10 @@ def doctor(
     from fastfeed.loading.knobs import Setting
 
     has_images = _has_images(index)
-    auto_size = 224 if has_images and decode is not None else None  # raw bytes are not resized
-    size = normalize_image_size(auto_size if image_size == "auto" else image_size)
+    chosen = resolve_defaults(has_images=has_images, batch_size=given_batch, image_size=image_size, decode=decode)
+    if chosen.assumed:
+        log.info("doctor: %s", chosen.line())
+    size = normalize_image_size(chosen.image_size)
     cores, ranks = cpu_count(), local_world_size()
     cores_per_rank = max(1, cores // ranks)
     workers, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,
@@ -209,7 +214,8 @@ def doctor(
                   cache_dir=None if cache_dir is None else str(cache_dir),
                   fits_in_memory=sum(s.bytes for s in index.shards) <= memory_total() / 2, demand=demand,
                   step_time=step_time, stages=stages, profile=profile, images=images, balance=balance,
-                  dali_skipped=dali_skip, load_average=load_average)
+                  dali_skipped=dali_skip, load_average=load_average,
+                  small_dataset=small_dataset_note(index.num_samples, batch_size, world))
     findings, limiting, deliverable, input_bound, headroom = conclude(facts)
     result = _report(facts, index, findings, limiting, deliverable, input_bound, headroom, world, setting,
                      time.monotonic() - start, target_rate, step_time)

@@ -63,6 +63,7 @@ class Facts:
     balance: Any  # BalanceReport | None
     dali_skipped: str | None
     load_average: float | None = None
+    small_dataset: str | None = None  # the batch is larger than the dataset per rank (the warning)
 
     def rate(self, key: str) -> float | None:
         s = self.stages.get(key)
@@ -76,13 +77,26 @@ class Facts:
     def tune_command(self) -> str:
         size = self.image_size
         opts = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
-        opts += f" --decode {self.decode}" if self.decode not in ("cpu", None) else ""
+        opts += " --image-size none" if size is None and self.images is not None else ""  # not tune's default
+        opts += f" --decode {self.decode or 'none'}" if self.decode != "cpu" else ""
         opts += f" --target-rate {self.demand:.0f}" if self.demand else ""
         return f"fastfeed tune {self.path} --batch-size {self.batch_size}{opts}"
 
 
 def _n(x: float | None) -> str:
     return "?" if x is None else f"{x:,.0f}"
+
+
+def _unmeasured(f: Facts) -> str:
+    """Why the CPU decode stages were skipped, in words ('' when they ran)."""
+    s = f.stages.get("decode_core")
+    return f" (CPU decode not measured: {s.skipped})" if s is not None and s.skipped else ""
+
+
+def _decode_all(f: Facts) -> str:
+    """', decode on all N cores X' when it was measured, else ''."""
+    all_ = f.rate("decode_all")
+    return "" if all_ is None else f", decode on all {f.cores_per_rank} core(s) {all_:,.0f}"
 
 
 # ---------------------------------------------------------------------- the limiting stage
@@ -138,8 +152,8 @@ def _busy(f: Facts) -> str:
 def _storage(f: Facts) -> tuple[str, str]:
     st = f.stages.get("storage")
     fig = st.figures if st is not None else {}
-    why = f"storage delivers {_n(f.rate('storage'))} samples/s ({st.detail if st else '?'})"
-    why += f", decode on all cores {_n(f.rate('decode_all'))}, the loader {_n(f.rate('loader'))}{_busy(f)}"
+    why = f"storage delivers {_n(f.rate('storage'))} samples/s ({st.detail if st else 'not measured'})"
+    why += f"{_decode_all(f)}, the loader {_n(f.rate('loader'))}{_busy(f)}"
     fixes = []
     if f.remote and f.cache_dir is None:
         fixes.append("pass cache_dir='/local/disk/cache' to loader(): each shard is downloaded once per host "
@@ -190,15 +204,22 @@ def _restarts(f: Facts) -> str | None:
 
 def _decode(f: Facts) -> tuple[str, str]:
     core, all_ = f.rate("decode_core"), f.rate("decode_all")
-    why = (f"decode + augmentation reaches {_n(all_)} samples/s on all {f.cores_per_rank} core(s) "
-           f"({_n(core)} per core), storage {_n(f.rate('storage'))}; the loader delivers "
-           f"{_n(f.rate('loader'))}{_busy(f)}")
+    if all_ is not None:
+        why = (f"decode + augmentation reaches {all_:,.0f} samples/s on all {f.cores_per_rank} core(s)"
+               + (f" ({core:,.0f} per core)" if core is not None else "") + ", ")
+    else:  # DALI (or raw bytes): the loader's figure is the decode figure
+        what = "the DALI loader (GPU decode)" if f.decode == "dali" else "the loader"
+        why = f"{what} delivers {_n(f.rate('loader'))} samples/s{_unmeasured(f)}, "
+    why += f"storage {_n(f.rate('storage'))}"
+    why += f"; the loader delivers {_n(f.rate('loader'))}{_busy(f)}" if all_ is not None else _busy(f)
     fixes = []
     if _more_workers_help(f):
         fixes.append(f"use all {f.cores_per_rank} cores: num_workers={f.num_workers} reaches {_n(f.rate('loader'))}, "
                      f"all cores {_n(all_)} samples/s (`{f.tune_command()}`)")
     dali = f.rate("dali")
-    if dali is not None:
+    if f.decode == "dali":
+        fixes.append(f"tune the DALI pipeline (its threads and queue depth): `{f.tune_command()}`")
+    elif dali is not None:
         fixes.append(f"decode on the GPU: loader(..., decode='dali') delivered {dali:,.0f} samples/s here")
     elif f.image_size is not None:
         fixes.append(f"decode on the GPU with loader(..., decode='dali') (not measured here: {f.dali_skipped})")
@@ -230,8 +251,9 @@ def _workers(f: Facts) -> tuple[str, str]:
         fix = (f"set num_workers={want} so loading overlaps the step, or num_workers='auto' after "
                f"`{f.tune_command()}`")
         return why, fix
-    why = (f"{f.num_workers} worker(s) deliver {_n(loader)} samples/s; decode on all {f.cores_per_rank} cores "
-           f"reaches {_n(all_)}{_busy(f)}")
+    why = (f"{f.num_workers} worker(s) deliver {_n(loader)} samples/s"
+           + (f"; decode on all {f.cores_per_rank} cores reaches {all_:,.0f}" if all_ is not None else "")
+           + _busy(f))
     origin = {"heuristic": " (the heuristic default: nothing was tuned)", "tuned": " (as tuned; re-tune)"}
     fix = (f"raise num_workers{origin.get(f.workers_from, '')}: `{f.tune_command()}` measures and stores the "
            "best setting, which loader(num_workers='auto') then uses")
@@ -239,8 +261,10 @@ def _workers(f: Facts) -> tuple[str, str]:
 
 
 def _transfer(f: Facts) -> tuple[str, str]:
-    why = (f"the loader delivers {_n(f.rate('loader'))} samples/s while decode on all cores reaches "
-           f"{_n(f.rate('decode_all'))} and storage {_n(f.rate('storage'))}{_busy(f)}")
+    all_ = f.rate("decode_all")
+    why = (f"the loader delivers {_n(f.rate('loader'))} samples/s while "
+           + (f"decode on all cores reaches {all_:,.0f} and " if all_ is not None else "")
+           + f"storage {_n(f.rate('storage'))}{_busy(f)}")
     loader = f.stages.get("loader")
     main_cpu = loader.figures.get("main_cpu_share") if loader is not None else None
     if main_cpu is not None and main_cpu >= 0.8:
@@ -297,6 +321,11 @@ def _balance(f: Facts) -> Finding | None:
 def _extras(f: Facts, kind: str) -> list[Finding]:
     out = []
     loader, storage = f.rate("loader"), f.rate("storage")
+    if f.small_dataset:
+        head, _, fix = f.small_dataset.partition(". ")
+        title, _, why = head.partition(": ")
+        out.append(Finding("small-dataset", title, why, fix + ", before acting on these figures or on `fastfeed "
+                           "tune`'s choice"))
     if f.num_workers == 0 and kind != "workers" and f.decode != "dali":
         why, fix = _workers(f)
         out.append(Finding("workers", "num_workers=0: loading runs inside the training process", why, fix))
@@ -323,12 +352,16 @@ def _extras(f: Facts, kind: str) -> list[Finding]:
     src = f.stages.get("source")
     if src is not None and not src.skipped and src.samples_per_s and storage:
         ratio = storage / src.samples_per_s
-        title = (f"packing reads {ratio:,.1f}x faster than the raw files" if ratio >= 1.5 else
-                 f"packing gains little on this storage: the packed shards read {ratio:,.1f}x as fast as the raw files")
-        fix = "train from the packed shards"
+        title = (f"what packing bought: the packed shards read {ratio:,.1f}x faster than the raw files"
+                 if ratio >= 1.5 else
+                 f"packing gains little on this storage: the packed shards read {ratio:,.1f}x as fast as the raw "
+                 "files")
+        fix = "nothing to do: you already read the packed shards"
         if f.demand and src.samples_per_s < f.demand:
-            fix += (f": the raw files, read at random, would deliver {src.samples_per_s:,.0f} samples/s, "
-                    f"below the {f.demand:,.0f} training needs")
+            fix += (f" (the raw files, read at random, would deliver {src.samples_per_s:,.0f} samples/s, "
+                    f"below the {f.demand:,.0f} training needs)")
+        elif ratio < 1.5:
+            fix += "; packing still saves file-system metadata work and gives the loader whole shards to cache"
         out.append(Finding("packing", title, f"raw files: {src.detail}; packed shards: {_n(storage)} samples/s",
                            fix))
     return out

@@ -17,6 +17,12 @@ Files, looked up in this order (the first match wins):
 one dataset folder serves several hosts, batch sizes and decode modes (a shared
 filesystem seen by a homogeneous cluster is tuned once).
 
+A new result does not replace a better stored one for the same key
+(:func:`better_stored`): one that never reached steady state does not replace a steady
+one, an unconfirmed one does not replace a confirmed one, and a run measured for less
+than half as long does not replace a longer one (``fastfeed tune`` says so and keeps the
+stored result; ``--replace`` stores it anyway).
+
 Example:
     >>> key = TuneKey("0123abcd", host_info(), 1, 256, "cpu", (224, 224))
     >>> key.matches(key)
@@ -40,10 +46,12 @@ __all__ = [
     "STORE_VERSION",
     "TuneKey",
     "TuneRecord",
+    "better_stored",
     "candidate_files",
     "find_record",
     "normalize_image_size",
     "save_record",
+    "stored_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -149,6 +157,24 @@ class TuneRecord:
     details: Mapping[str, Any] = field(default_factory=dict)
     path: str = ""
 
+    @property
+    def steady(self) -> bool:
+        """The chosen setting's measurement reached steady state (records without the flag: True)."""
+        return bool((self.details.get("chosen") or {}).get("steady", True))
+
+    @property
+    def confirmed(self) -> bool:
+        """The choice was made on confirmation re-measurements."""
+        return bool(self.details.get("confirmed"))
+
+    @property
+    def measuring_s(self) -> float:
+        """Seconds the run spent measuring (0 when unknown)."""
+        try:
+            return float(self.details.get("measuring_s") or 0.0)
+        except (TypeError, ValueError):
+            return 0.0
+
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key.to_json(),
@@ -224,6 +250,39 @@ def find_record(root: str, key: TuneKey) -> TuneRecord | None:
         if found:
             return max(found, key=lambda r: r.created)
     return None
+
+
+#: A new result measured for less than this share of the stored one's time is "shorter".
+SHORTER = 0.5
+
+
+def better_stored(old: TuneRecord, new: TuneRecord) -> str | None:
+    """Why the stored ``old`` is better than ``new`` (then keep it), or None to replace it.
+
+    Example:
+        >>> steady = {"chosen": {"steady": True}, "measuring_s": 40.0}
+        >>> short = {"chosen": {"steady": False}, "measuring_s": 1.0}
+        >>> k = TuneKey("f", host_info(), 1, 64, "cpu", None)
+        >>> better_stored(TuneRecord(k, 2, 2, details=steady), TuneRecord(k, 0, None, details=short))
+        'steady, where this run never reached steady state'
+    """
+    if old.steady and not new.steady:
+        return "steady, where this run never reached steady state"
+    if old.steady != new.steady:
+        return None
+    if old.confirmed and not new.confirmed:
+        return "confirmed by re-measurement, where this run's budget ended before confirming"
+    if new.measuring_s < SHORTER * old.measuring_s:
+        return f"measured for {old.measuring_s:.0f} s, this run for {new.measuring_s:.0f} s"
+    return None
+
+
+def stored_record(root: str, key: TuneKey, store_dir: str | os.PathLike[str] | None = None) -> TuneRecord | None:
+    """The stored record that :func:`save_record` would replace (``store_dir`` or the lookup order)."""
+    if store_dir is None:
+        return find_record(root, key)
+    found = [r for r in _read_records(Path(store_dir) / f"{key.fingerprint}.json") if r.key.matches(key)]
+    return max(found, key=lambda r: r.created) if found else None
 
 
 def _writable_dir(path: Path) -> bool:

@@ -21,7 +21,7 @@ import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from fastfeed.packing.plan import SKIPPED_NAME
 __all__ = ["VerifyReport", "info", "verify"]
 
 _MAX_PROBLEMS_PER_SHARD = 50
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -107,13 +108,15 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
-def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True) -> VerifyReport:
+def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True,
+           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check a packed dataset end to end (see the module doc); never raises on damage.
 
     Args:
         dst: the dataset folder.
         workers: processes checking shards in parallel.
         decode: decode every image (the slow part); False checks bytes only.
+        progress: called with ``(shards_checked, shards_total)`` as shards finish.
     """
     report = VerifyReport(path=str(dst), ok=False)
     try:
@@ -138,9 +141,9 @@ def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True
 
         ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as ex:
-            outcomes = list(ex.map(_verify_shard, jobs))
+            outcomes = [_reported(o, i, len(jobs), progress) for i, o in enumerate(ex.map(_verify_shard, jobs))]
     else:
-        outcomes = [_verify_shard(j) for j in jobs]
+        outcomes = [_reported(_verify_shard(j), i, len(jobs), progress) for i, j in enumerate(jobs)]
     seen: dict[str, str] = {}
     for info_, (problems, keys, images, nbytes) in zip(idx.shards, outcomes):
         report.problems += problems
@@ -156,6 +159,12 @@ def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True
                 seen[k] = info_.name
     report.ok = not report.problems
     return report
+
+
+def _reported(outcome: _T, i: int, total: int, progress: Callable[[int, int], None] | None) -> _T:
+    if progress is not None:
+        progress(i + 1, total)
+    return outcome
 
 
 def _check_skipped(root: Path, idx: DatasetIndex) -> list[str]:

@@ -31,15 +31,16 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from fastfeed._util import format_bytes, parse_duration, parse_size
-from fastfeed.dist import local_world_size
+from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.timing.measure import Measurement, measure
 from fastfeed.tuning.search import Trial, search
-from fastfeed.tuning.report import TuneResult, plot_result
+from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note
+from fastfeed.tuning.report import TuneResult, plot_result, require_plot
 from fastfeed.loading.knobs import SearchSpace, Setting, space_for
 from fastfeed.loading.auto import HEURISTIC_MAX_WORKERS, heuristic_workers, lookup, resolve_auto
-from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
+from fastfeed.loading.tuned import TuneKey, TuneRecord, better_stored, save_record, stored_record
 
 __all__ = [
     "HEURISTIC_MAX_WORKERS",
@@ -223,9 +224,9 @@ def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank:
 def tune(
     path: str | os.PathLike[str],
     *,
-    batch_size: int,
+    batch_size: int | None = None,
     decode: str | None = "cpu",
-    image_size: int | tuple[int, int] | None = None,
+    image_size: int | tuple[int, int] | str | None = "auto",
     time_budget: str | float = "60s",
     max_workers: int | None = None,
     target_rate: float | None = None,
@@ -236,6 +237,7 @@ def tune(
     plot: str | os.PathLike[str] | None = None,
     store: bool = True,
     store_dir: str | os.PathLike[str] | None = None,
+    replace_better: bool = False,
     seed: int = 0,
     loader_kwargs: Mapping[str, Any] | None = None,
     on_trial: Callable[[Trial], None] | None = None,
@@ -247,9 +249,11 @@ def tune(
 
     Args:
         path: a packed dataset (folder or URL).
-        batch_size: the per-rank batch size training uses.
+        batch_size: the per-rank batch size training uses (default
+            :data:`~fastfeed.tuning.defaults.DEFAULT_BATCH_SIZE`, the same as ``doctor``'s).
         decode: the decode mode (``"cpu"``, ``"dali"``, None for raw bytes).
-        image_size: the output size training uses (decode cost depends on it).
+        image_size: the output size training uses (decode cost depends on it); ``"auto"``:
+            224 when the dataset has images (and is decoded), else None, as ``doctor``.
         time_budget: measuring time, e.g. ``"60s"`` or ``"2m"``.
         max_workers: cap on workers (default: twice the cores per rank).
         target_rate: samples/s the training step consumes per rank; picks the cheapest
@@ -266,6 +270,9 @@ def tune(
         plot: write throughput against workers to this PNG (needs matplotlib).
         store: store the result for ``loader(num_workers="auto")``.
         store_dir: store there instead of the dataset folder / user cache.
+        replace_better: store even when the stored result for the same key is better
+            (steady where this one is not, confirmed, or measured over twice as long);
+            otherwise that one is kept and ``TuneResult.notes`` says so.
         seed: shuffle seed of the measured loader.
         loader_kwargs: further ``loader()`` arguments (``augment``, ``transform``, ...).
         on_trial: called after every measured setting (progress).
@@ -277,10 +284,17 @@ def tune(
         >>> r = tune("/data/imagenet-ff", batch_size=256, image_size=224, step_time=0.25)  # doctest: +SKIP
         >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
     """
+    from fastfeed.decode.fields import is_image
     from fastfeed.packed.index import DatasetIndex
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
+    if plot is not None:
+        require_plot(plot)  # before measuring for the whole budget
+    index = DatasetIndex.load(path)
+    chosen = resolve_defaults(has_images=any(is_image(f) for f in index.fields), batch_size=batch_size,
+                              image_size=image_size, decode=decode)
+    batch_size, image_size = chosen.batch_size, chosen.image_size
+    if chosen.assumed:
+        log.info("tune: %s", chosen.line())
     if target_rate is not None and step_time is not None:
         raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
     if step_time is not None:
@@ -294,7 +308,6 @@ def tune(
     cores = cpu_count()
     mem_budget = (parse_size(memory_budget, "memory_budget") if memory_budget is not None
                   else (memory_total() // (2 * ranks) or None))
-    index = DatasetIndex.load(path)
     import fastfeed.loading.api  # noqa: F401  (import torch before the clock starts)
 
     space = space_for(decode)
@@ -325,22 +338,39 @@ def tune(
     m = out.best.measurement
     if m is None:  # pragma: no cover - search only chooses measured trials
         raise ConfigError("tune: the chosen setting has no measurement")
+    note = small_dataset_note(index.num_samples, batch_size, resolve_world()[1])
+    if note:  # in result.notes (summary, JSON); logged at INFO so the CLI does not say it twice
+        log.info("tune: %s", note)
     result = TuneResult(str(path), key, out.best.setting, m, out.trials, out.reason, target_rate,
                         out.target_met, cores, cores_per_rank, mem_budget, budget,
-                        time.monotonic() - start, out.out_of_time, confirmed=out.confirmed)
+                        time.monotonic() - start, out.out_of_time, confirmed=out.confirmed,
+                        notes=(note,) if note else ())
     if store:
-        result = _store(result, index, store_dir)
+        result = _store(result, index, store_dir, replace_better)
     if plot is not None:
-        plot_result(result, plot)
+        try:
+            plot_result(result, plot)
+        except OSError as e:  # the measurements are worth more than the picture: keep them
+            log.info("tune: --plot %s: %s", plot, e)
+            result = replace(result, notes=result.notes + (f"the plot was not written ({plot}: {e})",))
     return result
 
 
-def _store(result: TuneResult, index: Any, store_dir: Any) -> TuneResult:
+def _store(result: TuneResult, index: Any, store_dir: Any, replace_better: bool) -> TuneResult:
     s = result.setting
-    details = {k: v for k, v in result.to_json().items() if k not in ("key", "stored_at")}
+    details = {k: v for k, v in result.to_json().items() if k not in ("key", "stored_at", "notes")}
     rec = TuneRecord(result.key, s.num_workers, s.prefetch_factor, dict(s.knobs),
                      result.samples_per_s,
                      datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      details)
-    where = save_record(rec, str(index.root or result.path), store_dir)
+    root = str(index.root or result.path)
+    old = stored_record(root, result.key, store_dir)
+    why = None if old is None or replace_better else better_stored(old, rec)
+    if why is not None:
+        note = (f"not stored: the result stored in {old.path} is better ({why}) and stays what "
+                f"loader(num_workers='auto') uses (num_workers={old.num_workers}); tune with a longer "
+                "--time-budget, or pass --replace (replace_better=True) to store this one anyway")
+        log.info("tune: %s", note)
+        return replace(result, notes=result.notes + (note,))
+    where = save_record(rec, root, store_dir)
     return replace(result, stored_at=str(where))

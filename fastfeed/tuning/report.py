@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from fastfeed._util import format_bytes
-from fastfeed.errors import missing_dependency
+from fastfeed.errors import ConfigError, missing_dependency
 from fastfeed.timing.measure import Measurement
 from fastfeed.tuning.search import Trial
 from fastfeed.loading.knobs import Setting
 from fastfeed.loading.tuned import TuneKey
 
-__all__ = ["TuneResult", "plot_result"]
+__all__ = ["TuneResult", "plot_result", "require_plot"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class TuneResult:
         out_of_time: the time budget ended the search before it finished.
         stored_at: the file the result was written to, or None.
         confirmed: the candidates re-measured at the end (``tune_confirm.Confirmed``).
+        notes: warnings for the user (a batch larger than the dataset, a better stored
+            result kept).
     """
 
     path: str
@@ -60,6 +62,7 @@ class TuneResult:
     out_of_time: bool
     stored_at: str | None = None
     confirmed: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def num_workers(self) -> int:
@@ -124,6 +127,7 @@ class TuneResult:
                      f"{self.key.local_world_size})" + (" - time budget ran out" if self.out_of_time else ""))
         if self.stored_at:
             lines.append(f"stored in {self.stored_at}; loader(num_workers='auto') will use it")
+        lines += [f"warning: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -131,7 +135,8 @@ class TuneResult:
         return {
             "path": self.path,
             "key": self.key.to_json(),
-            "chosen": {**self.setting.loader_kwargs(), "samples_per_s": self.samples_per_s},
+            "chosen": {**self.setting.loader_kwargs(), "samples_per_s": self.samples_per_s,
+                       "steady": self.measurement.steady},
             "reason": self.reason,
             "target_rate": self.target_rate,
             "target_met": self.target_met,
@@ -143,6 +148,7 @@ class TuneResult:
             "measuring_s": self.measuring_s,
             "out_of_time": self.out_of_time,
             "stored_at": self.stored_at,
+            "notes": list(self.notes),
             "trials": [_trial_json(t) for t in self.trials],
             "confirmed": [{**c.setting.loader_kwargs(), "median": c.rate, "rates": c.rates,
                            "searched": c.searched} for c in self.confirmed],
@@ -152,6 +158,17 @@ class TuneResult:
 def _trial_json(t: Trial) -> dict[str, Any]:
     return {"phase": t.phase, **t.setting.loader_kwargs(), "status": t.status, "seconds": t.seconds,
             "measurement": t.measurement.to_json() if t.measurement is not None else None}
+
+
+def require_plot(png: str | os.PathLike[str]) -> None:
+    """Fail now, before measuring, when ``png`` cannot be drawn: no matplotlib, or no such folder."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise missing_dependency("matplotlib", "plot", "tune --plot")
+    folder = Path(png).resolve().parent
+    if not folder.is_dir():
+        raise ConfigError(f"--plot {png}: the folder {folder} does not exist; create it or choose another path")
 
 
 def plot_result(result: TuneResult, png: str | os.PathLike[str]) -> Path:

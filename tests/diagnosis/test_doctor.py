@@ -308,3 +308,53 @@ def test_image_stats_count_plain_jpegs() -> None:
     if roi.available():
         rst = roi.add_restarts(plain)
         assert image_stats([{"jpg": plain}, {"jpg": rst}]).plain_jpeg_share == 0.5
+
+
+# ---------------------------------------------------------------------- verdict wording
+def _facts(**over: Any) -> Any:
+    from fastfeed.diagnosis.report import Stage
+    from fastfeed.diagnosis.verdict import Facts
+
+    stages = {
+        "storage": Stage("storage", "storage", 40_000.0, "400 MB/s", {}),
+        "source": Stage("source", "raw files", 3_000.0, "3,000 files/s", {}),
+        "decode_core": Stage("decode_core", "decode + augment (1 core)", None, "", {},
+                             skipped="decode='dali': measured by the loader stage"),
+        "loader": Stage("loader", "loader", 900.0, "", {}),
+    }
+    base: dict[str, Any] = dict(
+        path="/data/ff", batch_size=64, image_size=(224, 224), decode="dali", num_workers=2, prefetch_factor=2,
+        workers_from="heuristic", cores_per_rank=8, local_ranks=1, remote=False, cache_dir=None,
+        fits_in_memory=True, demand=2000.0, step_time=None, stages=stages, profile=None, images=None,
+        balance=None, dali_skipped="the loader stage already runs decode='dali'")
+    base.update(over)
+    return Facts(**base)
+
+
+def test_dali_verdict_says_what_was_measured_and_packing_is_not_a_fix() -> None:
+    from fastfeed.diagnosis.verdict import conclude
+
+    findings, kind, deliverable, input_bound, _ = conclude(_facts())
+    assert kind == "decode" and deliverable == 900.0 and input_bound is True
+    text = "\n".join(f"{f.title} | {f.why} | {f.fix}" for f in findings)
+    assert "?" not in text, text
+    main = findings[0]
+    assert main.why.startswith("the DALI loader (GPU decode) delivers 900 samples/s (CPU decode not measured: "
+                               "decode='dali'")
+    assert "loader(..., decode='dali')" not in main.fix and "--decode dali" in main.fix  # already on DALI
+    packing = next(f for f in findings if f.kind == "packing")
+    assert packing.title == "what packing bought: the packed shards read 13.3x faster than the raw files"
+    assert packing.fix.startswith("nothing to do: you already read the packed shards")
+    assert "train from the packed shards" not in text
+
+
+def test_small_dataset_is_named_with_what_to_do() -> None:
+    from fastfeed.diagnosis.verdict import conclude
+    from fastfeed.tuning.defaults import small_dataset_note
+
+    note = small_dataset_note(40, 64, 2)
+    findings = conclude(_facts(decode="cpu", small_dataset=note))[0]
+    small = next(f for f in findings if f.kind == "small-dataset")
+    assert small.title == "the batch (64) is larger than the dataset per rank (20 samples over 2 ranks)"
+    assert "num_workers=0 looks best" in small.why and "at most 20" in small.fix
+    assert small_dataset_note(128, 64, 2) is None
