@@ -51,8 +51,10 @@ from fastfeed.packing.manifest import member_name
 
 __all__ = [
     "ColumnField",
+    "INT_EXTS",
     "LABEL_COLUMNS",
     "TEXT_EXTS",
+    "auto_field",
     "encode",
     "media_ext",
     "parse_columns",
@@ -87,7 +89,29 @@ class ColumnField:
 
     def field_for(self, ext: str) -> str:
         """The field of one value whose sniffed extension is ``ext`` (binary columns)."""
-        return self.field or member_name(self.column, ext)
+        return self.field or auto_field(self.column, ext)
+
+
+def _fits(ext: str, auto: str) -> bool:
+    """Whether a column named ``ext`` may hold what ``auto`` stores (``id`` may not hold text)."""
+    groups = (TEXT_EXTS, INT_EXTS, frozenset({"json", "jsn"}), frozenset({"npy"}))
+    for group in groups:
+        if ext in group or auto in group:
+            return ext in group and auto in group
+    return True
+
+
+def auto_field(column: str, ext: str) -> str:
+    """The automatic field of ``column`` storing ``ext``: the JSONL rule, unless the column's
+    name is an extension that cannot hold it (a text column ``id`` gives ``id.txt``).
+
+    Example:
+        >>> auto_field("caption", "txt"), auto_field("txt", "txt"), auto_field("id", "txt")
+        ('caption.txt', 'txt', 'id.txt')
+    """
+    name = member_name(column, ext)
+    last = name.rpartition(".")[2]
+    return name if "." in name or _fits(last, field_ext(ext)) else f"{name}.{field_ext(ext)}"
 
 
 def parse_columns(spec: str | dict[str, str] | None) -> dict[str, str] | None:
@@ -158,6 +182,8 @@ def resolve_columns(schema: Any, columns: dict[str, str] | None, key: str | None
         ConfigError: a column of ``columns`` or ``key`` is not in the table (the message
             lists the columns there are), two columns map to one field, or nothing is left.
     """
+    import pyarrow as pa
+
     names = list(schema.names)
     available = ", ".join(names) or "(none)"
     for col in [*(columns or {}), *([key] if key else [])]:
@@ -174,7 +200,8 @@ def resolve_columns(schema: Any, columns: dict[str, str] | None, key: str | None
             continue
         fld = (columns or {}).get(col, "")
         if not fld and kind in _AUTO_EXT:
-            fld = member_name(col, _AUTO_EXT[kind])
+            integer = kind == "scalar" and pa.types.is_integer(schema.field(col).type)
+            fld = col.lower() if integer and col.lower() in INT_EXTS else auto_field(col, _AUTO_EXT[kind])
         if fld and fld in seen:
             raise ConfigError(f"{where}: columns {seen[fld]!r} and {col!r} both map to field {fld!r}; "
                               "rename one with --columns COLUMN=FIELD")
@@ -212,7 +239,10 @@ def media_ext(data: bytes, path: str | None = None) -> str:
 
 
 def _npy(value: Any) -> bytes:
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # numpy refuses ragged nested lists
+        arr = np.empty(0, dtype=object)
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise ValueError("a ragged or non-numeric list cannot be stored as .npy; map the column to json")
     buf = io.BytesIO()
