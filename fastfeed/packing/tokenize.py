@@ -112,7 +112,7 @@ def _tokenizers() -> Any:
     try:
         import tokenizers
     except ImportError:
-        raise missing_dependency("tokenizers", "text", "--tokenizer") from None
+        raise missing_dependency("tokenizers", "text", "pack --tokenizer and --tokenize") from None
     return tokenizers
 
 
@@ -120,8 +120,9 @@ def _tokenizers() -> Any:
 def _load(path: str, sha256: str) -> Any:
     """The ``tokenizers.Tokenizer`` of ``path`` (cached per process; ``sha256`` keys the cache)."""
     del sha256
+    lib = _tokenizers()
     try:
-        return _tokenizers().Tokenizer.from_file(path)
+        return lib.Tokenizer.from_file(path)
     except Exception as e:  # the Rust side raises plain Exception for any bad JSON
         raise ConfigError(f"--tokenizer {show(path)}: not a tokenizers JSON file ({str(e)[:200]}); "
                           "pass the tokenizer.json that tokenizer.save() or save_pretrained() wrote") from None
@@ -222,13 +223,13 @@ def _npy(ids: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def tokenize_samples(tok: Tokenizer, samples: Sequence[tuple[str, Mapping[str, bytes]]], field_name: str,
+def tokenize_samples(tok: Tokenizer, samples: Sequence[Sequence[Any]], field_name: str,
                      *, store: bool = True, on_error: str = "raise", where: str = "") -> TokenizeResult:
     """Tokenize FIELD of a shard's samples in one batch.
 
     Args:
         tok: from :func:`load_tokenizer`.
-        samples: ``(key, {field: bytes})`` pairs, e.g. :class:`~fastfeed.packing.rows.Sample` s.
+        samples: ``(key, {field: bytes}, ...)`` tuples, e.g. :class:`~fastfeed.packing.rows.Sample` s.
         field_name: the text field (``--tokenize``/``--length``), checked by :func:`check_tokenize_field`.
         store: also return the ids as :data:`TOKENS_FIELD` bytes (``--tokenize``); False for
             ``--length`` only.
@@ -247,7 +248,8 @@ def tokenize_samples(tok: Tokenizer, samples: Sequence[tuple[str, Mapping[str, b
     texts: list[str] = []
     skipped: list[dict[str, str]] = []
     prefix = f"{where}: " if where else ""
-    for i, (key, fields) in enumerate(samples):
+    for i, sample in enumerate(samples):
+        key, fields = sample[0], sample[1]
         data = fields.get(field_name)
         text, reason = None, ""
         if data is None:

@@ -266,3 +266,15 @@ def test_image_struct_with_path_only(tmp_path: Path) -> None:
     (s,) = iter_samples(scan_parquet(tmp_path / "p.parquet"))
     assert s.fields == {"image.jpg": jpeg}
     assert os.path.basename(scan_parquet(tmp_path / "p.parquet").units[0].file) == "p.parquet"
+
+
+def test_missing_pyarrow_names_the_extra(parquet_file, monkeypatch) -> None:
+    import sys
+
+    from fastfeed.errors import MissingDependencyError
+
+    path, _, _ = parquet_file
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(MissingDependencyError, match=r"parquet sources need the 'pyarrow' module: "
+                                                     r"pip install 'fastfeed\[text\]'"):
+        scan_parquet(path)

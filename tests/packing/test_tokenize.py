@@ -145,3 +145,45 @@ def test_pickles_by_path_for_pack_workers(tok_file: Path) -> None:
     assert again == tok and again.encode_batch(["lazy dog"])[0].tolist() == tok.encode_batch(["lazy dog"])[0].tolist()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         assert pool.submit(_in_worker, tok, TEXTS[0]).result(timeout=120) == _in_worker(tok, TEXTS[0])
+
+
+def test_missing_tokenizers_names_the_extra(tok_file: Path, tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    from fastfeed.errors import MissingDependencyError
+
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(tok_file.read_bytes() + b"\n")  # a new sha256: not in the per-process cache
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastfeed\[text\]'"):
+        load_tokenizer(copy)
+
+
+def test_parquet_to_packed_sequences_end_to_end(tok_file: Path, tmp_path: Path) -> None:
+    """The path pack + loader will take: parquet rows -> tokens per unit -> lengths -> packed batches."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from fastfeed.loading.seqpack import assemble, plan_seqpack
+    from fastfeed.packing.parquet import iter_unit, scan_parquet
+
+    pq.write_table(pa.table({"text": TEXTS}), tmp_path / "corpus.parquet", row_group_size=6)
+    src = scan_parquet(tmp_path / "corpus.parquet", columns="text=txt")
+    tok = load_tokenizer(tok_file)
+    tokens: dict[int, np.ndarray] = {}
+    lengths: list[int] = []
+    for unit in src.units:  # one pack task per unit: one encode_batch call
+        samples = list(iter_unit(src, unit))
+        out = tokenize_samples(tok, samples, "txt")
+        for s, n, f in zip(samples, out.lengths.tolist(), out.fields):
+            tokens[int(s.key)] = decode_field(TOKENS_FIELD, f[TOKENS_FIELD])
+            lengths.append(n)
+    stream = np.concatenate([tokens[i] for i in range(len(TEXTS))]).astype(np.int64)
+    assert stream.size == sum(lengths)
+    world, got = 2, []
+    plans = [plan_seqpack(np.arange(len(TEXTS)), lengths, batch_size=2, seq_len=16, world_size=world, rank=r,
+                          drop_last=False) for r in range(world)]
+    for step in range(plans[0].num_batches):
+        for p in plans:
+            b = assemble(p.batch(step), tokens, pad_id=tok.pad_id or 0)
+            got.append(b["input_ids"][b["valid"]])
+    np.testing.assert_array_equal(np.concatenate(got), stream)
