@@ -50,10 +50,10 @@ from fastfeed.formats.images import IMAGE_EXTS, field_ext, sniff
 from fastfeed.packing.manifest import member_name
 
 __all__ = [
-    "ColumnField",
     "INT_EXTS",
     "LABEL_COLUMNS",
     "TEXT_EXTS",
+    "ColumnField",
     "auto_field",
     "encode",
     "media_ext",

@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -50,6 +49,14 @@ from fastfeed.errors import (
     missing_dependency,
 )
 from fastfeed.packing.columns import ColumnField, parse_columns, resolve_columns
+from fastfeed.packing.hfsource import (
+    hf_batches,
+    hf_ranges,
+    is_hf_folder,
+    is_hf_object,
+    load_from_disk,
+    refuse_dataset_dict,
+)
 from fastfeed.packing.rows import RowProblem, Sample, batch_samples
 from fastfeed.packing.walk import show
 
@@ -65,9 +72,6 @@ __all__ = [
 ]
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
-_HF_MARKERS = ("state.json", "dataset_info.json")
-#: Rows of a ``datasets.Dataset`` per unit: as many as fit this many bytes (1..65536).
-_HF_UNIT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -124,18 +128,6 @@ def _pyarrow() -> Any:
     return pq
 
 
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise missing_dependency("datasets", "text", "HF datasets sources") from None
-    return datasets
-
-
-def _is_hf_object(src: Any) -> bool:
-    return type(src).__module__.split(".")[0] == "datasets"
-
-
 def is_table_source(src: Any) -> bool:
     """True when ``src`` is for this module: a ``datasets`` object, a parquet file or glob,
     a folder whose files are all parquet, or a ``save_to_disk`` folder.
@@ -144,16 +136,14 @@ def is_table_source(src: Any) -> bool:
         >>> is_table_source("corpus/train-*.parquet"), is_table_source("photos/")
         (True, False)
     """
-    if _is_hf_object(src):
+    if is_hf_object(src):
         return True
     text = os.fspath(src)
-    if text.lower().endswith(PARQUET_SUFFIXES):
+    if text.lower().endswith(PARQUET_SUFFIXES) or is_hf_folder(text):
         return True
     path = Path(text)
     if not path.is_dir():
         return False
-    if all((path / m).is_file() for m in _HF_MARKERS) or (path / "dataset_dict.json").is_file():
-        return True
     files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))]
     return bool(files) and all(p.name.lower().endswith(PARQUET_SUFFIXES) for p in files)
 
@@ -178,16 +168,12 @@ def scan_parquet(src: Any, *, columns: str | dict[str, str] | None = None, key: 
     """
     on_error = check_on_error(on_error)
     mapping = parse_columns(columns)
-    if _is_hf_object(src):
+    if is_hf_object(src):
         return _scan_hf(src, None, mapping, key, on_error)
     text = os.fspath(src)
-    path = Path(text)
-    if path.is_dir() and (path / "dataset_dict.json").is_file():
-        splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-        raise ConfigError(f"{show(text)}: a DatasetDict (splits: {', '.join(splits)}); "
-                          f"pass one split, e.g. {show(str(path / splits[0])) if splits else 'SRC/train'}")
-    if path.is_dir() and all((path / m).is_file() for m in _HF_MARKERS):
-        return _scan_hf(_load_from_disk(str(path)), str(path), mapping, key, on_error)
+    if is_hf_folder(text):
+        refuse_dataset_dict(Path(text))
+        return _scan_hf(load_from_disk(text), text, mapping, key, on_error)
     root, files = _list_parquet(text)
     return _scan_files(root, files, mapping, key, on_error)
 
@@ -279,33 +265,15 @@ def _check_schema(schema0: Any, schema: Any, fields: tuple[ColumnField, ...], ke
                               f"{show(first)}; pack files of one schema (cast the column)")
 
 
-@lru_cache(maxsize=8)
-def _load_from_disk(path: str) -> Any:
-    """A ``save_to_disk`` folder, memory-mapped (cached per process: units reopen it cheaply)."""
-    try:
-        return _datasets().load_from_disk(path)
-    except (OSError, ValueError, json.JSONDecodeError) as e:
-        raise BadFileError(f"{show(path)}: not a readable datasets.save_to_disk folder ({e}); "
-                           "re-save it with Dataset.save_to_disk") from None
-
-
 def _scan_hf(ds: Any, path: str | None, mapping: dict[str, str] | None, key: str | None,
              on_error: str) -> TableSource:
     where = show(path) if path else "datasets.Dataset"
-    if not hasattr(ds, "with_format") or not hasattr(ds, "data"):
-        raise ConfigError(f"{where}: a {type(ds).__name__} cannot be packed; pass a datasets.Dataset "
-                          "(one split of a DatasetDict; an IterableDataset must be saved first)")
-    fields = resolve_columns(ds.data.schema, mapping, key, where)
-    n = len(ds)
-    if n == 0:
-        raise EmptySourceError(f"{where}: the dataset has no rows")
-    row_bytes = max(1, ds.data.nbytes // max(1, ds.data.num_rows))
-    step = max(1, min(65536, _HF_UNIT_BYTES // row_bytes))
-    units = tuple(Unit("", -1, a, a, min(step, n - a), min(step, n - a) * row_bytes) for a in range(0, n, step))
-    fp = getattr(ds, "_fingerprint", "") or ""
-    digest = hashlib.sha256(json.dumps([mapping, key, fp, n, path]).encode()).hexdigest()
-    src = TableSource("hf", path or "", (), fields, key, units, n, digest,
-                      dataset=None if path else ds)
+    schema, ranges, fp = hf_ranges(ds, where)
+    fields = resolve_columns(schema, mapping, key, where)
+    units = tuple(Unit("", -1, a, a, n, nbytes) for a, n, nbytes in ranges)
+    num_rows = sum(u.num_rows for u in units)
+    digest = hashlib.sha256(json.dumps([mapping, key, fp, num_rows, path]).encode()).hexdigest()
+    src = TableSource("hf", path or "", (), fields, key, units, num_rows, digest, dataset=None if path else ds)
     return _check_keys(src, on_error)
 
 
@@ -341,20 +309,14 @@ def _where(src: TableSource, unit: Unit, row: int) -> str:
     return f"{show(os.path.join(src.root, unit.file))}: row group {unit.row_group}, row {row}"
 
 
-def _hf_dataset(src: TableSource) -> Any:
-    return src.dataset if src.dataset is not None else _load_from_disk(src.root)
-
-
 def _batches(src: TableSource, unit: Unit, columns: tuple[str, ...], batch_rows: int
              ) -> Iterator[tuple[Any, int]]:
     """Record batches of ``columns`` of one unit, with the row (in the file) of each first row."""
     import pyarrow as pa
 
     if src.kind == "hf":
-        table = _hf_dataset(src).with_format("arrow")
-        for a in range(unit.file_row, unit.file_row + unit.num_rows, batch_rows):
-            b = min(a + batch_rows, unit.file_row + unit.num_rows)
-            yield table[a:b].select(list(columns)).combine_chunks().to_batches()[0], a
+        ds = src.dataset if src.dataset is not None else load_from_disk(src.root)
+        yield from hf_batches(ds, unit.file_row, unit.num_rows, list(columns), batch_rows)
         return
     pf = _open_parquet(src.root, unit.file)
     row = unit.file_row

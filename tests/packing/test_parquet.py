@@ -12,8 +12,8 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from fastfeed.decode.fields import decode_field  # noqa: E402
-from fastfeed.errors import (  # noqa: E402
+from fastfeed.decode.fields import decode_field
+from fastfeed.errors import (
     BadFileError,
     ConfigError,
     DuplicateKeyError,
@@ -21,15 +21,15 @@ from fastfeed.errors import (  # noqa: E402
     SourceError,
     UnsafePathError,
 )
-from fastfeed.packing.columns import parse_columns  # noqa: E402
-from fastfeed.packing.parquet import (  # noqa: E402
+from fastfeed.packing.columns import parse_columns
+from fastfeed.packing.parquet import (
     group_units,
     is_table_source,
     iter_samples,
     iter_unit,
     scan_parquet,
 )
-from tools.synth import make_jpeg  # noqa: E402
+from tools.synth import make_jpeg
 
 
 def _png() -> bytes:
@@ -66,7 +66,7 @@ def parquet_file(tmp_path: Path):
 
 
 def test_columns_become_fields(parquet_file) -> None:
-    path, table, jpegs = parquet_file
+    path, _, jpegs = parquet_file
     src = scan_parquet(path)
     assert src.kind == "parquet" and src.num_rows == 10 and src.files == ("train.parquet",)
     assert [(u.row_group, u.first_row, u.num_rows) for u in src.units] == [(0, 0, 3), (1, 3, 3), (2, 6, 3), (3, 9, 1)]

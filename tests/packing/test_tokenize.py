@@ -13,9 +13,9 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from fastfeed.decode.fields import decode_field  # noqa: E402
-from fastfeed.errors import BadFileError, ConfigError, SourceError  # noqa: E402
-from fastfeed.packing.tokenize import (  # noqa: E402
+from fastfeed.decode.fields import decode_field
+from fastfeed.errors import BadFileError, ConfigError, SourceError
+from fastfeed.packing.tokenize import (
     TOKENS_FIELD,
     Tokenizer,
     check_tokenize_field,
