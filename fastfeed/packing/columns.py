@@ -250,11 +250,18 @@ def _npy(value: Any) -> bytes:
     return buf.getvalue()
 
 
-def _json(value: Any) -> bytes:
+def _json_default(value: Any) -> str:
+    """Dates, decimals and the like as text; bytes refused (``str`` would store ``"b'...'"``)."""
     if isinstance(value, (bytes, bytearray)):
         raise ValueError("binary data cannot be stored as JSON; map the column to bin or an image extension")
+    return str(value)
+
+
+def _json(value: Any) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        return _json_default(value).encode()
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                      default=str).encode("utf-8")
+                      default=_json_default).encode("utf-8")
 
 
 def encode(field: str, value: Any) -> bytes:

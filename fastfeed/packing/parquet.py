@@ -144,8 +144,14 @@ def is_table_source(src: Any) -> bool:
     path = Path(text)
     if not path.is_dir():
         return False
-    files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))]
-    return bool(files) and all(p.name.lower().endswith(PARQUET_SUFFIXES) for p in files)
+    found = False
+    for p in path.rglob("*"):  # stops at the first file that is not parquet (an image tree)
+        if p.name.startswith((".", "_")) or not p.is_file():
+            continue
+        if not p.name.lower().endswith(PARQUET_SUFFIXES):
+            return False
+        found = True
+    return found
 
 
 def scan_parquet(src: Any, *, columns: str | dict[str, str] | None = None, key: str | None = None,

@@ -118,12 +118,16 @@ def _tokenizers() -> Any:
 
 @lru_cache(maxsize=4)
 def _load(path: str, sha256: str) -> Any:
-    """The ``tokenizers.Tokenizer`` of ``path`` (cached per process; ``sha256`` keys the cache)."""
-    del sha256
+    """The ``tokenizers.Tokenizer`` of ``path``, whose content must still have ``sha256``
+    (cached per process: a pack worker loads it once)."""
     lib = _tokenizers()
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ConfigError(f"--tokenizer {show(path)}: the file changed since pack started (sha256 differs); "
+                          "re-run pack so every shard uses one tokenizer")
     try:
-        return lib.Tokenizer.from_file(path)
-    except Exception as e:  # the Rust side raises plain Exception for any bad JSON
+        return lib.Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:  # noqa: BLE001  (the Rust side raises plain Exception for any bad JSON)
         raise ConfigError(f"--tokenizer {show(path)}: not a tokenizers JSON file ({str(e)[:200]}); "
                           "pass the tokenizer.json that tokenizer.save() or save_pretrained() wrote") from None
 

@@ -278,3 +278,21 @@ def test_missing_pyarrow_names_the_extra(parquet_file, monkeypatch) -> None:
     with pytest.raises(MissingDependencyError, match=r"parquet sources need the 'pyarrow' module: "
                                                      r"pip install 'fastfeed\[text\]'"):
         scan_parquet(path)
+
+
+def test_nested_values_as_json(tmp_path: Path) -> None:
+    import datetime
+    import decimal
+
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({
+        "meta": pa.array([{"a": 1, "b": "x"}], pa.struct([("a", pa.int64()), ("b", pa.string())])),
+        "when": pa.array([datetime.date(2024, 5, 1)]),
+        "price": pa.array([decimal.Decimal("1.50")], pa.decimal128(5, 2)),
+        "blobs": pa.array([{"raw": b"\x00\x01"}], pa.struct([("raw", pa.binary())])),
+    }), path)
+    src = scan_parquet(path, columns="meta,when,price")
+    (s,) = iter_samples(src)
+    assert s.fields == {"meta.json": b'{"a":1,"b":"x"}', "when.json": b'"2024-05-01"', "price.json": b'"1.50"'}
+    with pytest.raises(BadFileError, match=r"column 'blobs': cannot be stored as blobs.json \(binary data"):
+        list(iter_samples(scan_parquet(path, columns="blobs")))

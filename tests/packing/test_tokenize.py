@@ -187,3 +187,12 @@ def test_parquet_to_packed_sequences_end_to_end(tok_file: Path, tmp_path: Path) 
             b = assemble(p.batch(step), tokens, pad_id=tok.pad_id or 0)
             got.append(b["input_ids"][b["valid"]])
     np.testing.assert_array_equal(np.concatenate(got), stream)
+
+
+def test_worker_refuses_a_tokenizer_changed_since_scan(tmp_path: Path) -> None:
+    path = _train(tmp_path / "t")
+    tok = load_tokenizer(path)
+    path.write_bytes(path.read_bytes() + b"\n")  # rewritten between planning and the shard writes
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with pytest.raises(ConfigError, match="the file changed since pack started"):
+            pool.submit(_in_worker, tok, TEXTS[0]).result(timeout=120)
