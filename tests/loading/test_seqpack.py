@@ -73,13 +73,15 @@ def check_plan(lengths: list[int], batch_size: int, seq_len: int, world: int, dr
             a, b = again.batch(j), p.batch(k + j)
             for name in ("row", "col", "doc", "begin", "end"):
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    # ... and from any cut point (not only a step boundary), under another world size
     other = world % 3 + 1
-    rest = [plan_seqpack(docs, lens, batch_size=batch_size, seq_len=seq_len, world_size=other, rank=r,
-                         drop_last=False, start_token=offset) for r in range(other)]
-    tail = [assemble(p.batch(s), toks) for s in range(rest[0].num_batches) for p in rest]
-    tail_ids = np.concatenate([t["input_ids"].reshape(-1)[t["valid"].reshape(-1)] for t in tail]) if tail \
-        else np.zeros(0, np.int64)
-    np.testing.assert_array_equal(tail_ids, (sid * 100_000 + within)[offset:])
+    for cut in (offset, total * resume_steps // 5):
+        rest = [plan_seqpack(docs, lens, batch_size=batch_size, seq_len=seq_len, world_size=other, rank=r,
+                             drop_last=False, start_token=cut) for r in range(other)]
+        tail = [assemble(p.batch(s), toks) for s in range(rest[0].num_batches) for p in rest]
+        tail_ids = np.concatenate([t["input_ids"].reshape(-1)[t["valid"].reshape(-1)] for t in tail]) if tail \
+            else np.zeros(0, np.int64)
+        np.testing.assert_array_equal(tail_ids, (sid * 100_000 + within)[cut:])
 
 
 _RNG = np.random.default_rng(1234)
