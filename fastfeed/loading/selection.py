@@ -128,8 +128,10 @@ def select(
         return Selection(shard_counts=counts, kept=None, kept_counts=counts, name=name)
     kept = np.flatnonzero(keep).astype(np.int64)
     if kept.size == 0:
-        what = " and ".join(w for w, v in (("subset", subset), ("filter", filter)) if v is not None)
-        raise ConfigError(f"{name}: {what} leaves no sample of {n}; loosen it, or leave this dataset out")
+        both = subset is not None and filter is not None
+        what = "subset and filter leave" if both else ("subset leaves" if filter is None else "filter leaves")
+        raise ConfigError(f"{name}: {what} no sample of {n}; loosen {'them' if both else 'it'}, or leave this "
+                          "dataset out")
     bounds = np.searchsorted(kept, np.concatenate([[0], np.cumsum(counts)]))
     return Selection(shard_counts=counts, kept=kept, kept_counts=np.diff(bounds).astype(np.int64), name=name)
 
