@@ -27,7 +27,7 @@ def _spec(sizes: list[int], weights: list[int] | None, shuffle: bool = True):
                      shuffle=shuffle, shuffle_block=4)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, database=None)
 @given(sizes=st.lists(st.integers(1, 150), min_size=1, max_size=2), w2=st.integers(1, 4),
        shapes=st.lists(shape_st, min_size=2, max_size=4), cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4),
        epoch=st.integers(0, 2), shuffle=st.booleans())
@@ -116,7 +116,7 @@ def test_resume_past_the_end_raises_state_error() -> None:
 
 
 # ---------------------------------------------------------------- exact-once evaluation
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, database=None)
 @given(n=st.integers(1, 200), world=st.integers(1, 12), batch=st.integers(1, 9), mix=st.booleans())
 def test_pad_false_delivers_every_sample_once_with_equal_steps(n, world, batch, mix) -> None:
     spec = _spec([n, 7], [1, 1]) if mix else _spec([n], None)

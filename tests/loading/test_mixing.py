@@ -20,6 +20,7 @@ weights_st = st.lists(st.integers(0, 9), min_size=1, max_size=4).filter(lambda w
 
 
 # ---------------------------------------------------------------- the position pattern
+@settings(database=None)
 @given(w=weights_st, g=st.integers(0, 10**9))
 def test_counts_are_monotone_partitions_near_the_weights(w: list[int], g: int) -> None:
     pat = mix_pattern(w)
@@ -30,6 +31,7 @@ def test_counts_are_monotone_partitions_near_the_weights(w: list[int], g: int) -
     assert (np.abs(c[:, 0] - g * pat.probabilities) < 1.0 + 1e-9).all()
 
 
+@settings(database=None)
 @given(w=weights_st, start=st.integers(0, 10**6), b=st.integers(1, 300))
 def test_every_window_holds_the_weights_up_to_rounding(w: list[int], start: int, b: int) -> None:
     pat = mix_pattern(w)
@@ -72,7 +74,7 @@ def test_default_epoch_reads_the_largest_weight_dataset_once() -> None:
 
 
 # ---------------------------------------------------------------- whole epochs
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(sizes=st.lists(st.integers(1, 120), min_size=1, max_size=3), data=st.data(),
        world=st.integers(1, 9), batch=st.integers(1, 9), epoch=st.integers(0, 3),
        drop_last=st.booleans(), pad=st.booleans(), shuffle=st.booleans(), block=st.sampled_from([1, 4, 8192]))

@@ -77,7 +77,7 @@ def test_keeping_everything_plans_like_no_selection() -> None:
         assert a.ids.tolist() == b.ids.tolist() and a.valid.tolist() == b.valid.tolist()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(n=st.integers(1, 300), mod=st.integers(1, 7), world=st.integers(1, 9), batch=st.integers(1, 8),
        epoch=st.integers(0, 2), pad=st.booleans(), shuffle=st.booleans())
 def test_a_filtered_dataset_keeps_every_guarantee(n, mod, world, batch, epoch, pad, shuffle) -> None:
