@@ -64,7 +64,7 @@ def scenario_10m(repeat: int) -> list[dict[str, Any]]:
     spec = plan_spec([sel, counts[1], counts[2]], weights=[0.5, 0.3, 0.2], seed=0)
     rows = [{"scenario": "10m", "step": "filter (once)", "s": t_sel, "peak_mb": m_sel, "kept": sel.size}]
     for rank in (0, 63):
-        t, m, plan = _timed(lambda: plan_rank(spec, epoch=3, world_size=64, rank=rank, batch_size=256), repeat)
+        t, m, plan = _timed(lambda r=rank: plan_rank(spec, epoch=3, world_size=64, rank=r, batch_size=256), repeat)
         rows.append({"scenario": "10m", "step": f"rank {rank} plan", "s": t, "peak_mb": m,
                      "batches": plan.num_batches, "samples": int(plan.ids.shape[0])})
     return rows
@@ -76,7 +76,8 @@ def scenario_1b(repeat: int) -> list[dict[str, Any]]:
     t_spec, m_spec, spec = _timed(lambda: plan_spec([big, small], weights=[0.8, 0.2], seed=0), repeat)
     rows = [{"scenario": "1b", "step": "spec", "s": t_spec, "peak_mb": m_spec, "epoch_samples": spec.epoch_samples}]
     for rank in (0, 1023):
-        t, m, plan = _timed(lambda: plan_rank(spec, epoch=5, world_size=1024, rank=rank, batch_size=512), repeat)
+        t, m, plan = _timed(lambda r=rank: plan_rank(spec, epoch=5, world_size=1024, rank=r, batch_size=512),
+                             repeat)
         rows.append({"scenario": "1b", "step": f"rank {rank} plan", "s": t, "peak_mb": m,
                      "batches": plan.num_batches, "samples": int(plan.ids.shape[0])})
     state = plan.state(plan.num_batches // 3)

@@ -141,8 +141,7 @@ class Layout:
 
     def rank_of(self, v: np.ndarray) -> np.ndarray:
         """The rank whose real span holds element ``v``."""
-        start, real_stop, _ = self.spans()
-        return np.searchsorted(real_stop, v, side="right")
+        return np.searchsorted(self.spans()[1], v, side="right")
 
     def rest(self, batches: int) -> Segment:
         """The elements not consumed after ``batches`` batches per rank, in element coordinates."""

@@ -47,8 +47,14 @@ import numpy as np
 
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.loading.elastic import ElasticState, Layout, Stage, mode_of, segment_after
-from fastfeed.loading.mixing import (MixPattern, check_positions, dataset_seed, default_epoch_samples,
-                                     mix_pattern, stream_ids)
+from fastfeed.loading.mixing import (
+    MixPattern,
+    check_positions,
+    dataset_seed,
+    default_epoch_samples,
+    mix_pattern,
+    stream_ids,
+)
 from fastfeed.loading.plan import _BLOCK_STREAM, DEFAULT_SHUFFLE_BLOCK, _block_shuffle
 from fastfeed.loading.selection import Selection, select
 

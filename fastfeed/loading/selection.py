@@ -14,8 +14,8 @@ Keeping everything gives the same plan as no selection at all.
 
 Cost: ``kept`` is O(kept samples) int64 (80 MB for 10M); a rank reads only the entries
 of the shards it plans, so for very large indexes ``kept`` can be a memory-mapped
-``.npy`` sidecar (``np.load(path, mmap_mode="r")``) and the filter's mask itself is
-O(N) bits; ``kept_counts`` is O(shards).
+``.npy`` sidecar (``Selection.from_kept(counts, np.load(path, mmap_mode="r"))``) and the
+filter's mask itself is O(N) bits; ``kept_counts`` is O(shards).
 
 Example:
     >>> sel = select([3, 3], filter=lambda m: m["index"] % 2 == 0)
@@ -53,6 +53,22 @@ class Selection:
     kept: np.ndarray | None
     kept_counts: np.ndarray
     name: str = "dataset"
+
+    @classmethod
+    def from_kept(cls, shard_counts: Sequence[int] | np.ndarray, kept: np.ndarray, *,
+                  name: str = "dataset") -> "Selection":
+        """A selection of the sorted, unique global ids ``kept`` (an array or a memory map).
+
+        Only ``O(shards log N)`` entries of ``kept`` are read here, so a memory-mapped
+        sidecar of a huge filter costs no memory until a rank plans its shards.
+
+        Example:
+            >>> Selection.from_kept([2, 2], np.array([1, 2, 3])).kept_counts.tolist()
+            [1, 2]
+        """
+        counts = np.asarray(shard_counts, dtype=np.int64)
+        bounds = np.searchsorted(kept, np.concatenate([[0], np.cumsum(counts)]))
+        return cls(shard_counts=counts, kept=kept, kept_counts=np.diff(bounds).astype(np.int64), name=name)
 
     @property
     def num_samples(self) -> int:
@@ -93,7 +109,7 @@ def select(
     shard_counts: Sequence[int] | np.ndarray,
     *,
     subset: Any = None,
-    filter: FilterFn | None = None,  # noqa: A002 - the public argument's name
+    filter: FilterFn | None = None,
     meta: Mapping[str, np.ndarray] | None = None,
     name: str = "dataset",
 ) -> Selection:
@@ -132,8 +148,7 @@ def select(
         what = "subset and filter leave" if both else ("subset leaves" if filter is None else "filter leaves")
         raise ConfigError(f"{name}: {what} no sample of {n}; loosen {'them' if both else 'it'}, or leave this "
                           "dataset out")
-    bounds = np.searchsorted(kept, np.concatenate([[0], np.cumsum(counts)]))
-    return Selection(shard_counts=counts, kept=kept, kept_counts=np.diff(bounds).astype(np.int64), name=name)
+    return Selection.from_kept(counts, kept, name=name)
 
 
 def _subset_mask(subset: Any, n: int, name: str) -> np.ndarray:

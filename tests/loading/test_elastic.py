@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 from fastfeed.errors import StateError
 from fastfeed.loading.elastic import ElasticState, Layout, Stage, segment_after
 from fastfeed.loading.planner import plan_rank, plan_spec
-
-from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 shape_st = st.tuples(st.integers(1, 9), st.integers(1, 7), st.sampled_from(["pad", "exact", "drop"]))
 
@@ -126,7 +125,8 @@ def test_pad_false_delivers_every_sample_once_with_equal_steps(n, world, batch, 
     assert delivered(plans, valid_only=False) == epoch_multiset(spec, 0)
     sizes = [len(p.ids) for p in plans]
     assert max(sizes) - min(sizes) <= 1
-    assert plans[0].num_batches == -(-(-(-spec.epoch_samples // world)) // batch)
+    per_rank = -(-spec.epoch_samples // world)
+    assert plans[0].num_batches == -(-per_rank // batch)
 
 
 def test_pad_false_gives_a_short_rank_an_empty_last_step() -> None:

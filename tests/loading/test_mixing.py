@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 from fastfeed.errors import ConfigError
-from fastfeed.loading.mixing import dataset_seed, default_epoch_samples, mix_pattern, stream_ids
+from fastfeed.loading.mixing import (
+    dataset_seed,
+    default_epoch_samples,
+    mix_pattern,
+    stream_ids,
+)
 from fastfeed.loading.plan import plan_epoch, worker_batches
 from fastfeed.loading.planner import plan_rank, plan_spec
-
-from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 weights_st = st.lists(st.integers(0, 9), min_size=1, max_size=4).filter(lambda w: sum(w) > 0)
 
@@ -122,7 +126,7 @@ def test_batches_carry_the_proportions_and_the_source() -> None:
     spec = plan_spec([shard_counts(3000), shard_counts(2000, 1)], weights=[0.75, 0.25], seed=2)
     for p in all_ranks(spec, epoch=1, world_size=3, batch_size=16):
         for b in range(p.num_batches - 1):
-            ids, src, valid = p.batch(b)
+            _, src, valid = p.batch(b)
             assert np.bincount(src, minlength=2).tolist() == [12, 4]
             assert src.dtype == np.int64 and valid.all()
 

@@ -6,15 +6,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _loader_data import write_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loading._planning import all_ranks, delivered, shard_counts
 
 from fastfeed.errors import ConfigError
 from fastfeed.loading.planner import plan_rank, plan_spec
-from fastfeed.loading.selection import index_metadata, select
-
-from _loader_data import write_dataset
-from loading._planning import all_ranks, delivered, shard_counts
+from fastfeed.loading.selection import Selection, index_metadata, select
 
 
 def test_subset_ids_and_masks_give_sorted_kept_ids_per_shard() -> None:
@@ -89,7 +88,7 @@ def test_a_filtered_dataset_keeps_every_guarantee(n, mod, world, batch, epoch, p
     got = delivered(plans)
     assert got == Counter((0, i) for i in range(0, n, mod))  # each kept sample once, nothing else
     allowed = set(range(0, n, mod))
-    assert set(i for p in plans for i in p.ids.tolist()) <= allowed  # padding repeats kept samples too
+    assert {i for p in plans for i in p.ids.tolist()} <= allowed  # padding repeats kept samples too
 
 
 def test_filters_per_dataset_work_with_mixing() -> None:
@@ -100,3 +99,15 @@ def test_filters_per_dataset_work_with_mixing() -> None:
     assert sorted(i for s, i in got.elements() if s == 0) == list(range(250))
     small = [i for s, i in got.elements() if s == 1]
     assert set(small) <= set(range(0, 80, 2)) and len(small) == spec.per_epoch[1] == 125
+
+
+def test_a_memory_mapped_kept_sidecar_plans_like_an_array(tmp_path) -> None:
+    counts = shard_counts(400)
+    kept = np.arange(0, 400, 3, dtype=np.int64)
+    np.save(tmp_path / "kept.npy", kept)
+    mapped = Selection.from_kept(counts, np.load(tmp_path / "kept.npy", mmap_mode="r"), name="big")
+    plain = select(counts, subset=kept)
+    assert mapped.kept_counts.tolist() == plain.kept_counts.tolist()
+    a = plan_rank(plan_spec([mapped], seed=0), epoch=0, world_size=2, rank=1, batch_size=5)
+    b = plan_rank(plan_spec([plain], seed=0), epoch=0, world_size=2, rank=1, batch_size=5)
+    assert a.ids.tolist() == b.ids.tolist()

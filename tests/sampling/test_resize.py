@@ -20,8 +20,8 @@ COST = CostFn(CostModel.builtin("tokens"))
 def _plan_at(lengths: np.ndarray, kind: str, drop_last: bool, seed: int = 0, epoch: int = 0):
     def plan_at(ids, world, stage):
         ls = lengths if ids is None else lengths[ids]
-        common = dict(world_size=world, seed=stage_seed(seed, stage), epoch=epoch, shuffle=True,
-                      drop_last=drop_last, jitter=0.03, cost=COST)
+        common = {"world_size": world, "seed": stage_seed(seed, stage), "epoch": epoch, "shuffle": True,
+                      "drop_last": drop_last, "jitter": 0.03, "cost": COST}
         if kind == "fixed":
             p = plan_fixed(ls, batch_size=3, **common)
         else:
