@@ -50,7 +50,12 @@ MODES = ("pad", "drop", "exact")
 
 
 def mode_of(*, drop_last: bool, pad: bool) -> str:
-    """The stage mode of the loader options ``drop_last`` and ``pad`` (``drop_last`` wins)."""
+    """The stage mode of the loader options ``drop_last`` and ``pad`` (``drop_last`` wins).
+
+    Example:
+        >>> mode_of(drop_last=False, pad=False), mode_of(drop_last=True, pad=False)
+        ('exact', 'drop')
+    """
     return "drop" if drop_last else ("pad" if pad else "exact")
 
 
@@ -74,7 +79,12 @@ class Segment:
         return [(int(a), int(a + n)) for a, n in zip(self.starts, self.lengths)]
 
     def position(self, v: np.ndarray) -> np.ndarray:
-        """The epoch positions of the segment's ``v``-th elements (``0 <= v < total``)."""
+        """The epoch positions of the segment's ``v``-th elements (``0 <= v < total``).
+
+        Example:
+            >>> Segment(np.array([2, 8]), np.array([3, 2])).position(np.array([0, 3, 4])).tolist()
+            [2, 8, 9]
+        """
         offsets = np.cumsum(self.lengths) - self.lengths
         piece = np.searchsorted(offsets, v, side="right") - 1
         return self.starts[piece] + (v - offsets[piece])

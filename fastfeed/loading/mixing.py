@@ -97,7 +97,12 @@ class MixPattern:
         return out
 
     def sources(self, start: int, stop: int) -> np.ndarray:
-        """int64 dataset of each position in ``[start, stop)``."""
+        """int64 dataset of each position in ``[start, stop)``.
+
+        Example:
+            >>> mix_pattern([1, 1]).sources(0, 4).tolist()
+            [0, 1, 0, 1]
+        """
         c = self.counts_before(np.arange(start, stop + 1, dtype=np.int64))
         return np.argmax(np.diff(c, axis=1), axis=0).astype(np.int64) if stop > start else np.zeros(0, np.int64)
 
@@ -160,7 +165,12 @@ def default_epoch_samples(pattern: MixPattern, sizes: Sequence[int]) -> int:
 
 
 def dataset_seed(seed: int, k: int) -> int:
-    """The shuffle seed of dataset ``k`` of a mixture: ``seed`` itself for the first."""
+    """The shuffle seed of dataset ``k`` of a mixture: ``seed`` itself for the first.
+
+    Example:
+        >>> dataset_seed(7, 0), dataset_seed(7, 1) != 7
+        (7, True)
+    """
     if k == 0:
         return int(seed)
     return int(np.random.SeedSequence([_MIX_STREAM, int(seed), int(k)]).generate_state(1, np.uint64)[0] >> 1)
@@ -187,7 +197,12 @@ def stream_ids(sel: Selection, *, seed: int, shuffle: bool, start: int, stop: in
 
 
 def check_positions(epoch_samples: int) -> int:
-    """Validate ``epoch_samples=`` (an integer in ``[1, MAX_POSITIONS)``)."""
+    """Validate ``epoch_samples=`` (an integer in ``[1, MAX_POSITIONS)``).
+
+    Example:
+        >>> check_positions(1000)
+        1000
+    """
     if isinstance(epoch_samples, bool) or not isinstance(epoch_samples, (int, np.integer)):
         raise ConfigError(f"epoch_samples={epoch_samples!r} must be a positive integer (samples per epoch)")
     if not 1 <= int(epoch_samples) < MAX_POSITIONS:

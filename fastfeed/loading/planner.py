@@ -155,7 +155,13 @@ class RankPlan:
         return int(self.offsets.shape[0] - 1)
 
     def batch(self, b: int) -> Batch:
-        """Batch ``b`` (0-based, ``start <= b`` is what a resumed pass delivers)."""
+        """Batch ``b`` (0-based, ``start <= b`` is what a resumed pass delivers).
+
+        Example:
+            >>> p = plan_rank(plan_spec([[5]], shuffle=False), epoch=0, world_size=2, rank=1, batch_size=2)
+            >>> p.batch(1)
+            Batch(ids=array([0]), source=array([0]), valid=array([False]))
+        """
         if not 0 <= b < self.num_batches:
             raise IndexError(f"batch {b} out of range for {self.num_batches} batches")
         a, z = int(self.offsets[b]), int(self.offsets[b + 1])

@@ -149,3 +149,20 @@ def test_layout_spans() -> None:
     assert Layout(10, 4, 2, "drop").per_rank == 2 and Layout(7, 4, 2, "drop").num_batches == 0
     assert Stage(2, 3, "pad", 5).same_shape(Stage(2, 3, "pad", 0))
     assert np.array_equal(Layout(0, 3, 2, "pad").spans()[0], [0, 0, 0])
+
+
+@pytest.mark.parametrize("n, before, after", [
+    (10, (64, 2, "pad"), (3, 4, "pad")),
+    (1000, (16, 8, "pad"), (64, 3, "exact")),
+    (5, (7, 1, "exact"), (2, 2, "pad")),
+    (3000, (64, 4, "pad"), (48, 5, "pad")),
+])
+def test_large_and_tiny_worlds_resize_exactly(n, before, after) -> None:
+    spec = _spec([n, 40], [3, 1])
+    first = all_ranks(spec, epoch=1, world_size=before[0], batch_size=before[1], **_opts(before[2]))
+    cut = first[0].num_batches // 2
+    rest = all_ranks(spec, epoch=1, world_size=after[0], batch_size=after[1], resume=first[0].state(cut),
+                     **_opts(after[2]))
+    assert len({p.num_batches for p in rest}) == 1
+    assert delivered(first, stop=cut) + delivered(rest) == epoch_multiset(spec, 1)
+    assert sum(int((~p.valid).sum()) for p in rest) <= (after[0] - 1 if after[2] == "pad" else 0)
