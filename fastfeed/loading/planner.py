@@ -11,7 +11,10 @@ steps of :mod:`fastfeed.loading.plan`:
 2. **Equal spans.** The first stage of the epoch gives rank ``r`` a contiguous span of
    positions (``"pad"``: ``ceil(E / W)`` each, the at most ``W - 1`` slots past ``E``
    repeat the samples of the first positions with ``valid=False``; ``"drop"``: full
-   batches only; ``"exact"``: no repeat, spans differ by at most one).
+   batches only; ``"exact"`` (``pad=False``): no repeat, spans differ by at most one,
+   and a rank with fewer positions has a shorter last batch, *empty* when it holds
+   ``(steps - 1) * batch_size`` positions: it is yielded anyway, so every rank runs the
+   same number of steps and DDP collectives stay matched).
 3. **Locality and shuffle.** Each dataset's part of the span is a contiguous piece of
    its stream (a few shards); with ``shuffle`` it is shuffled in blocks of
    ``shuffle_block`` by the rank's generator and dealt back into that dataset's slots,
@@ -22,6 +25,10 @@ steps of :mod:`fastfeed.loading.plan`:
    positions the earlier stages did not consume; the sample at a position is always
    the first stage's, so nothing is lost or repeated. The state is
    :class:`~fastfeed.loading.elastic.ElasticState`: a few integers per stage.
+
+Cost per rank: O(its span) time and memory, plus O(shards) per dataset for the shard
+permutation and O(passes) for a small dataset cycled many times in the span; a later
+stage also computes the first-stage plans of the old ranks whose rest it takes.
 
 With one dataset, no selection and no padding (``E`` divisible by ``W``, or
 ``drop_last``), the batches are exactly those of :func:`fastfeed.loading.plan.plan_epoch`.
