@@ -59,8 +59,9 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length", default=None, metavar="FIELD",
                    help="record per-sample lengths: a number field, a text field (whitespace tokens), "
                         "or FIELD:KEY inside a JSON field")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="bad input: stop with an error (default), or skip it and list it in DST/skipped.txt")
+    p.add_argument("--on-error", choices=["raise", "skip", "fail"], default="raise", metavar="{raise,skip}",
+                   help="bad input: stop with an error (raise, the default), or skip it and list it in "
+                        "DST/skipped.txt ('fail' is the old spelling of raise)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace fastfeed's files in a non-empty DST")
     p.add_argument("--engine", choices=["local", "ray"], default="local",

@@ -23,11 +23,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fastfeed.errors import ConfigError, FastfeedError, IndexMismatchError, SampleError, ShardError
+from fastfeed.errors import (
+    ConfigError,
+    FastfeedError,
+    IndexMismatchError,
+    SampleError,
+    ShardError,
+)
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.tar_reader import FastTarReader
+from fastfeed.packed.foreign import open_index
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.storage.remote import is_gzip_tar, is_url, local_path
+from fastfeed.packed.layout import INDEX_NAME
+from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 
 __all__ = ["ShardSource", "check_shards", "resolve_index", "sample_error"]
 
@@ -45,7 +53,7 @@ def resolve_index(
     """The index of a packed dataset, or an in-memory one for WebDataset tars without index.
 
     Accepts a dataset folder/URL with ``index.json``, or tars as
-    :func:`fastfeed.formats.wds.open_index` does (folder, shard, list, brace pattern, glob).
+    :func:`fastfeed.packed.foreign.open_index` does (folder, shard, list, brace pattern, glob).
 
     Example:
         >>> resolve_index("/data/imagenet-ff").num_samples       # doctest: +SKIP
@@ -53,8 +61,6 @@ def resolve_index(
     """
     if isinstance(path_or_url, DatasetIndex):
         return path_or_url
-    from fastfeed.formats.wds import open_index
-
     return open_index(path_or_url, storage_options=storage_options, cache_dir=cache_dir,
                       cache_size=cache_size, on_error=on_error)
 
@@ -73,7 +79,7 @@ def check_shards(index: DatasetIndex) -> None:
             size = os.stat(path).st_size
         except FileNotFoundError:
             raise ShardError(
-                f"{path}: shard is missing (listed in {os.path.join(index.root, 'index.json')}); "
+                f"{path}: shard is missing (listed in {os.path.join(index.root, INDEX_NAME)}); "
                 "restore it or re-run `fastfeed pack`"
             ) from None
         if size != info.bytes:
@@ -150,8 +156,6 @@ class ShardSource:
                     "does not match this shard, re-run `fastfeed pack`"
                 )
             return r
-        from fastfeed.storage.remote import open_shard
-
         src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
                          storage_options=self.storage_options, size=info.bytes,
                          sha256=info.sha256 or None)
@@ -170,8 +174,6 @@ class ShardSource:
             if not os.path.isfile(path):
                 raise ShardError(f"{path}: shard is missing; restore it or re-run `fastfeed pack`")
             return path
-        from fastfeed.storage.remote import open_shard
-
         src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
                          storage_options=self.storage_options, size=size, sha256=sha256 or None)
         if not isinstance(src, str):

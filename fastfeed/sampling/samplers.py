@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import logging
 import math
 import os
@@ -50,10 +51,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from fastfeed.sampling.costmodel import CostModel
+from fastfeed._util import parse_duration
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError, StateError
-from fastfeed.sampling.planning import CostFn, Plan, plan_budget, plan_fixed
+from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
+from fastfeed.sampling.costmodel import CostModel
+from fastfeed.sampling.planning import (
+    CostFn,
+    Plan,
+    co_batch_repeat_rate,
+    plan_budget,
+    plan_fixed,
+)
 
 __all__ = ["DistributedLengthBucketSampler", "DistributedTokenBudgetSampler", "resolve_lengths"]
 
@@ -96,8 +105,6 @@ def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
         >>> resolve_lengths(lambda i: 10 * i, num_samples=3).tolist()
         [0, 10, 20]
     """
-    from fastfeed.packed.index import DatasetIndex
-
     where = "lengths"
     if isinstance(source, DatasetIndex):
         arr, where = _index_lengths(source, source.root or "the index")
@@ -145,9 +152,6 @@ def _cached_call(fn: Callable[..., Any], num_samples: int | None,
     else:
         arr = np.fromiter((fn(i) for i in range(num_samples)), dtype=np.int64, count=num_samples)
     if cache is not None:
-        from fastfeed.packed.index import atomic_write_bytes
-        import io
-
         buf = io.BytesIO()
         np.save(buf, np.asarray(arr, dtype=np.int64), allow_pickle=False)
         atomic_write_bytes(cache, buf.getvalue())
@@ -234,7 +238,7 @@ class _LengthSampler:
         """The smallest of :data:`AUTO_JITTERS` whose plans repeat co-batches little enough.
 
         For each jitter, smallest first, plan epochs 0 and 1 and measure the per-sample
-        co-batch repeat (:func:`fastfeed.sampling.balance.co_batch_repeat_rate`) and epoch 0's
+        co-batch repeat (:func:`fastfeed.sampling.planning.co_batch_repeat_rate`) and epoch 0's
         padding efficiency. Stop at the first with repeat <= :data:`AUTO_REPEAT_TARGET`.
         Do not go on past a jitter whose padding falls under :data:`AUTO_PADDING_FLOOR`:
         then the largest jitter that kept the floor is used and the trade-off is logged
@@ -247,8 +251,6 @@ class _LengthSampler:
             self.jitter_report = {"jitter": DEFAULT_JITTER, "why": "default (no shuffle, or too many samples "
                                   "to measure)" if n >= 2 else "default"}
             return DEFAULT_JITTER
-        from fastfeed.sampling.balance import co_batch_repeat_rate
-
         tried: list[tuple[float, float, float]] = []
         for j in AUTO_JITTERS:
             first = self._plan(0, j)
@@ -506,8 +508,6 @@ class DistributedTokenBudgetSampler(_LengthSampler):
 
 def _parse_budget(max_cost: float | str, cost: Any) -> float:
     if isinstance(max_cost, str):
-        from fastfeed._util import parse_duration
-
         if not (isinstance(cost, CostModel) and cost.unit == "seconds"):
             raise ConfigError(f"max_cost={max_cost!r} is a duration, but the cost is not a fitted model in seconds")
         value = parse_duration(max_cost, "max_cost")

@@ -9,7 +9,7 @@ import pytest
 
 from fastfeed.errors import SampleError
 from fastfeed.formats import FORMATS, split_key
-from fastfeed.formats.tar import scan_tar
+from fastfeed.formats.wds import scan_tar
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -42,7 +42,7 @@ def test_tar_is_standard_and_deterministic(tmp_path: Path) -> None:
             names = tf.getnames()
             assert names == ["a/" + "x" * 150 + ".txt", "b.json", "b.txt"]
             assert all(m.mtime == 0 and m.uid == 0 for m in tf.getmembers())
-        assert [k for k, _, _ in scan_tar(p)] == ["a/" + "x" * 150, "b"]
+        assert scan_tar(p).keys == ["a/" + "x" * 150, "b"]
     assert outs[0] == outs[1]
 
 
