@@ -57,6 +57,18 @@ def test_tar_truncated_read_names_shard(tmp_path: Path) -> None:
         reader_cls(p).read(off, size)
 
 
+def test_missing_lmdb_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lmdb is a core dependency: the message names ``pip install lmdb``, not an extra."""
+    import sys
+
+    from fastfeed.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "lmdb", None)
+    with pytest.raises(MissingDependencyError, match="pip install lmdb") as e:
+        FORMATS["lmdb"][0](tmp_path / "s.lmdb")
+    assert "fastfeed[" not in str(e.value)
+
+
 def test_split_key() -> None:
     assert split_key("a/b/0001.seg.PNG") == ("a/b/0001", "seg.png")
     assert split_key("noext") is None
