@@ -116,7 +116,7 @@ def scan_index(
 
     Returns:
         A :class:`DatasetIndex` with format ``"tar"``, per-shard sample counts and
-        source byte sizes, offsets, and the fields seen; shards without samples are
+        shard byte sizes, offsets, and the fields seen; shards without samples are
         left out and listed in ``skipped``.
 
     Example:

@@ -2,16 +2,16 @@
 
 :func:`resolve_index` finds the index of a packed dataset, or builds one in memory for
 WebDataset tars; :func:`check_shards` fails fast on missing or truncated local shards;
-:class:`ShardSource` opens shards lazily in the process that reads them (reopened after
-a fork, a bounded number kept open): tar samples by ``(offset, size)`` from
+:class:`DatasetReader`, the loader's reader, opens shards lazily in the process that reads
+them (reopened after a fork, a bounded number kept open): tar samples by ``(offset, size)`` from
 ``index.offsets`` with :class:`~fastfeed.formats.tar_reader.FastTarReader`, LMDB samples
 by record number, URLs through :func:`fastfeed.storage.remote.open_shard` (``cache_dir`` for a
 shared local cache). A shard whose size or record count does not match the index is an
 error when it is opened.
 
 Example:
-    >>> src = ShardSource(resolve_index("/data/imagenet-ff"))     # doctest: +SKIP
-    >>> src.read(0)["__key__"]                                     # doctest: +SKIP
+    >>> reader = DatasetReader(resolve_index("/data/imagenet-ff"))  # doctest: +SKIP
+    >>> reader.read(0)["__key__"]                                    # doctest: +SKIP
     'n01440764/n01440764_10026'
 """
 
@@ -37,7 +37,7 @@ from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.layout import INDEX_NAME
 from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 
-__all__ = ["ShardSource", "check_shards", "resolve_index", "sample_error"]
+__all__ = ["DatasetReader", "check_shards", "resolve_index", "sample_error"]
 
 _MAX_OPEN_FILES = 64
 
@@ -89,7 +89,7 @@ def check_shards(index: DatasetIndex) -> None:
             )
 
 
-class ShardSource:
+class DatasetReader:
     """Reads samples of an index by global number; opens shards lazily, per process.
 
     Args:
@@ -219,13 +219,17 @@ class ShardSource:
                 hint(off, size)
 
 
-def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
+#: The old name of :class:`DatasetReader`, still imported by ``fastfeed.loading`` and ``fastfeed.diagnosis``.
+ShardSource = DatasetReader
+
+
+def sample_error(reader: DatasetReader, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
     """``exc`` as a SampleError that names shard, key and offset (kept if it already does)."""
     if isinstance(exc, SampleError) and exc.shard:
         if key and not exc.key:
             exc.key = key
         return exc
-    name = src.shard_name(s)
+    name = reader.shard_name(s)
     what = f"sample '{key}'" if key else "a sample"
-    unit = "record" if src.index.format == "lmdb" else "offset"
+    unit = "record" if reader.index.format == "lmdb" else "offset"
     return SampleError(f"{name}: {what} at {unit} {offset}: {exc}", shard=name, key=key, offset=offset)

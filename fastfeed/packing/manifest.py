@@ -2,8 +2,9 @@
 
 :func:`fastfeed.packing.walk.scan` calls :func:`manifest_source` when SRC is one file (or
 object) of a :class:`~fastfeed.packing.tree.Tree`. A string field naming an existing file
-(relative to the manifest) is stored as a member read from that file, named by :func:`member_name`; other strings are stored as text (``.txt``)
-and other values as JSON (``.json``). ``__key__`` gives the sample key (default: the line
+(relative to the manifest) is stored as a member read from that file, named by
+:func:`member_name`; other strings are stored as text (``.txt``) and other values as JSON
+(``.json``). ``__key__`` gives the sample key (default: the line
 number), ``cls`` or ``label`` (an int) its label. Bad lines are reported with the line
 number and the fix; with ``on_error="skip"`` they are left out and counted.
 

@@ -4,7 +4,7 @@
 (sorted by key, then a seeded permutation with ``shuffle``), cuts them into balanced
 shards (counts differ by at most one), checks the destination, and returns a frozen,
 picklable :class:`PackPlan`. Steps 2 and 3 (:func:`fastfeed.packing.write.write_shard`,
-:func:`fastfeed.packing.api.finalize`) only execute it, so any engine (the local process pool,
+:func:`fastfeed.packing.finish.finalize`) only execute it, so any engine (the local process pool,
 Ray) that runs ``write_shard`` for every shard number produces the same bytes.
 
 The only side effects are on DST: it is created, ``overwrite=True`` removes fastfeed's

@@ -68,7 +68,7 @@ __all__ = ["DistributedLengthBucketSampler", "DistributedTokenBudgetSampler", "r
 
 log = logging.getLogger(__name__)
 
-LengthsSource = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
+LengthsLike = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
 CostSpec = Union[str, CostModel, Callable[[np.ndarray], float]]
 _STATE_VERSION = 1
 DEFAULT_JITTER = 0.03
@@ -86,12 +86,12 @@ AUTO_MAX_SAMPLES = 4_000_000
 
 
 # ---------------------------------------------------------------------- lengths
-def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
+def resolve_lengths(lengths: LengthsLike, *, num_samples: int | None = None,
                     cache: str | os.PathLike[str] | None = None) -> np.ndarray:
     """Per-sample lengths as a validated int64 array.
 
     Args:
-        source: a numpy array or sequence of lengths; a packed dataset (path or URL of a
+        lengths: a numpy array or sequence of lengths; a packed dataset (path or URL of a
             folder with ``index.json``, or a :class:`~fastfeed.packed.index.DatasetIndex`) whose
             lengths ``fastfeed pack --length`` recorded; a ``.npy`` file; a callable
             ``f() -> lengths``; or a callable ``f(i) -> length`` with ``num_samples``.
@@ -106,22 +106,22 @@ def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
         [0, 10, 20]
     """
     where = "lengths"
-    if isinstance(source, DatasetIndex):
-        arr, where = _index_lengths(source, source.root or "the index")
-    elif isinstance(source, (str, os.PathLike)):
-        where = str(source)
+    if isinstance(lengths, DatasetIndex):
+        arr, where = _index_lengths(lengths, lengths.root or "the index")
+    elif isinstance(lengths, (str, os.PathLike)):
+        where = str(lengths)
         if where.endswith(".npy"):
             try:
                 arr = np.load(where, allow_pickle=False)
             except FileNotFoundError:
                 raise ConfigError(f"{where}: no such lengths file") from None
         else:
-            arr, where = _index_lengths(DatasetIndex.load(source), where)
-    elif callable(source) and not isinstance(source, np.ndarray):
-        arr = _cached_call(source, num_samples, cache)
-        where = f"lengths from {getattr(source, '__qualname__', 'a callable')}"
+            arr, where = _index_lengths(DatasetIndex.load(lengths), where)
+    elif callable(lengths) and not isinstance(lengths, np.ndarray):
+        arr = _cached_call(lengths, num_samples, cache)
+        where = f"lengths from {getattr(lengths, '__qualname__', 'a callable')}"
     else:
-        arr = np.asarray(source)
+        arr = np.asarray(lengths)
     return _validate_lengths(arr, where)
 
 
@@ -201,7 +201,7 @@ def resolve_cost(cost: CostSpec) -> CostModel | Callable[[np.ndarray], float]:
 class _LengthSampler:
     """Shared machinery: world, epochs, plan cache, iteration, state."""
 
-    def __init__(self, lengths: LengthsSource, *, num_replicas: int | None, rank: int | None,
+    def __init__(self, lengths: LengthsLike, *, num_replicas: int | None, rank: int | None,
                  seed: int, shuffle: bool, drop_last: bool, jitter: float | str, cost: CostSpec,
                  num_samples: int | None, adaptive_jitter: bool = True) -> None:
         self.rank, self.num_replicas = resolve_world(rank, num_replicas)
@@ -416,7 +416,7 @@ class DistributedLengthBucketSampler(_LengthSampler):
         (2, [2, 2])
     """
 
-    def __init__(self, lengths: LengthsSource, *, batch_size: int, num_replicas: int | None = None,
+    def __init__(self, lengths: LengthsLike, *, batch_size: int, num_replicas: int | None = None,
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
                  jitter: float | str = "auto", adaptive_jitter: bool = True, cost: CostSpec = "tokens",
                  num_samples: int | None = None) -> None:
@@ -463,7 +463,7 @@ class DistributedTokenBudgetSampler(_LengthSampler):
         [400, 400]
     """
 
-    def __init__(self, lengths: LengthsSource, *, max_cost: float | str, cost: CostSpec = "tokens",
+    def __init__(self, lengths: LengthsLike, *, max_cost: float | str, cost: CostSpec = "tokens",
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, jitter: float | str = "auto",
                  adaptive_jitter: bool = True, oversize: str = "error", num_samples: int | None = None) -> None:
