@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["IMAGE_EXTENSIONS", "field_ext", "is_hidden", "is_image", "last_ext", "split_key"]
+__all__ = ["IMAGE_EXTENSIONS", "field_ext", "is_hidden", "is_image", "is_metadata", "last_ext", "split_key"]
 
 # WebDataset's tar iterator skips these before making keys (its ``meta_prefix/suffix``).
 _META = re.compile(r"__[^/]*__($|/)")
@@ -57,12 +57,22 @@ def split_key(name: str) -> tuple[str, str] | None:
         >>> split_key("a/b/.x.txt"), split_key("noext")
         (('a/b/', 'x.txt'), None)
     """
-    if _META.match(name):
+    if is_metadata(name):
         return None
     m = _BASE_EXT.match(name)
     if m is None:
         return None
     return m.group(1), m.group(2).lower()
+
+
+def is_metadata(name: str) -> bool:
+    """True for names under a top-level ``__dunder__`` folder, or a bare ``__dunder__`` file.
+
+    Example:
+        >>> is_metadata("__meta__/x.json"), is_metadata("__index__"), is_metadata("a/__x__/y.jpg")
+        (True, True, False)
+    """
+    return _META.match(name) is not None
 
 
 def is_hidden(name: str) -> bool:

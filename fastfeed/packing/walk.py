@@ -46,7 +46,7 @@ from fastfeed.errors import (
     UnsafePathError,
 )
 from fastfeed.formats.images import looks_like_image
-from fastfeed.formats.naming import field_ext, is_image, split_key
+from fastfeed.formats.naming import field_ext, is_image, is_metadata, split_key
 from fastfeed.packing.manifest import manifest_source
 from fastfeed.packing.source import (
     FileEntry,
@@ -145,6 +145,10 @@ def _files(tree: Tree, files: list[FileEntry], problems: Problems) -> Source:
     groups: dict[str, list[tuple[FileEntry, str]]] = defaultdict(list)
     for f in files:
         parts = split_key(f.rel)
+        if is_metadata(f.rel):
+            problems.report(BadFileError, f.rel, "a name under a top-level __name__ folder is metadata to "
+                            "WebDataset readers, not a sample", "move or rename it, or pass --on-error skip")
+            continue
         if parts is None or not all(parts[1].split(".")):
             problems.report(BadFileError, f.rel, "no usable extension (files are grouped as KEY.EXT)",
                             "rename it to KEY.EXT or remove it, or pass --on-error skip")

@@ -79,3 +79,25 @@ def test_on_error_raise_is_the_default_and_fail_the_old_spelling(tmp_path: Path,
     assert "zero-byte file" in capsys.readouterr().err
     assert main(["pack", str(src), str(tmp_path / "d"), "--on-error", "skip"]) == 0
     assert fastfeed.info(tmp_path / "d")["num_skipped"] == 1
+
+
+def test_one_key_rule_for_pack_and_readers(tmp_path: Path) -> None:
+    """pack groups files by the key rule webdataset reads its shards with; metadata names are no samples."""
+    wds = pytest.importorskip("webdataset")
+    src = tmp_path / "src"
+    png = _image("PNG")
+    names = {"a.v2/0001.seg.PNG": png, "a.v2/0001.json": b"{}", "b/0002.tar.gz.txt": b"t", "b/0002.cls": b"3",
+             "__meta__/info.json": b"{}"}
+    for rel, data in names.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    with pytest.raises(BadFileError, match="metadata to WebDataset readers"):
+        pack(src, tmp_path / "strict", input="files")
+    idx = pack(src, tmp_path / "out", input="files", shuffle=False, on_error="skip")
+    assert [s["path"] for s in idx.skipped] == ["__meta__/info.json"]
+    shard = str(tmp_path / "out" / idx.shards[0].name)
+    theirs = [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
+              for s in wds.WebDataset(shard, shardshuffle=False)]
+    assert theirs == [{"__key__": "a.v2/0001", "json": b"{}", "seg.png": png},
+                      {"__key__": "b/0002", "cls": b"3", "tar.gz.txt": b"t"}]
+    assert idx.fields == ("cls", "json", "seg.png", "tar.gz.txt")
