@@ -2,7 +2,7 @@
 
 :func:`scan_tar` reads the headers of one uncompressed tar (tarfile seeks over member
 data) and returns, per sample, its key and the byte span of its members, as
-:class:`fastfeed.packed.foreign.scan_index` needs to index tars that have no fastfeed index.
+:func:`fastfeed.packed.foreign.scan_index` needs to index tars that have no fastfeed index.
 
 Keys are the one key rule, WebDataset's (:func:`fastfeed.formats.naming.split_key`):
 adjacent members with the same key form one sample, members with no key (no dot in the
