@@ -79,8 +79,9 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length", default=None, metavar="FIELD",
                    help="record per-sample lengths: a number field, a text field (whitespace tokens), "
                         "or FIELD:KEY inside a JSON field")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="bad input: stop with an error (default), or skip it and list it in DST/skipped.txt")
+    p.add_argument("--on-error", choices=["raise", "skip", "fail"], default="raise", metavar="{raise,skip}",
+                   help="bad input: stop with an error (raise, the default), or skip it and list it in "
+                        "DST/skipped.txt ('fail' is the old spelling of raise)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace fastfeed's files in a non-empty DST")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
@@ -208,14 +209,12 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
 
 def _run_verify(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from fastfeed.errors import ConfigError
     from fastfeed.packed.checks import verify
 
-    if args.workers == "auto":
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    else:
+    workers: int | str = "auto"  # verify() counts the usable cores (cgroup quota included)
+    if args.workers != "auto":
         try:
             workers = int(args.workers)
         except ValueError:

@@ -125,8 +125,8 @@ def missing_dependency(module: str, extra: str, purpose: str) -> MissingDependen
     """Build the error for a missing optional dependency, with the install line.
 
     Example:
-        >>> str(missing_dependency("lmdb", "lmdb", "LMDB shards")).splitlines()[0]
-        "LMDB shards need the 'lmdb' module: pip install 'fastfeed[lmdb]'"
+        >>> str(missing_dependency("tokenizers", "text", "--tokenizer")).splitlines()[0]
+        "--tokenizer need the 'tokenizers' module: pip install 'fastfeed[text]'"
     """
     return MissingDependencyError(
         f"{purpose} need the '{module}' module: pip install 'fastfeed[{extra}]'"

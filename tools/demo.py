@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from fastfeed.host import cpu_count
+
 __all__ = ["STEPS", "Demo", "fastfeed_command", "load_epoch", "main", "make_data", "pack_data", "show_info", "tune_loader"]
 
 
@@ -102,7 +104,7 @@ def make_data(demo: Demo) -> None:
     if demo.src.is_dir() and stamp.is_file() and json.loads(stamp.read_text()) == recipe:
         print(f"using {demo.images} images in {demo.src}")
         return
-    workers = _cores() if demo.workers == "auto" else int(demo.workers)
+    workers = cpu_count() if demo.workers == "auto" else int(demo.workers)
     stamp.unlink(missing_ok=True)
     make_image_folder(demo.src, num_images=demo.images, num_classes=demo.classes, size=(500, 375),
                       vary_size=True, workers=workers)
@@ -189,12 +191,6 @@ STEPS: list[tuple[str, Callable[[Demo], None]]] = [
     ("tune the loader for this machine", tune_loader),
     ("load one epoch", load_epoch),
 ]
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from fastfeed.errors import SampleError, missing_dependency
+from fastfeed.formats.naming import IMAGE_EXTENSIONS, is_image, last_ext
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -72,41 +73,12 @@ __all__ = [
     "last_ext",
 ]
 
-#: Extensions the image decoder handles (Pillow-readable still-image formats, as in
-#: webdataset). ``decode_field`` returns their bytes unchanged.
-IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    "jpg jpeg jpe jfif png apng gif bmp dib webp tif tiff ppm pgm pbm pnm tga ico "
-    "jp2 j2k jpx jpc jpf j2c psd sgi rgb rgba bw pcx".split()
-)
-
 #: Extensions that hold pickles: returned as raw bytes, never unpickled.
 PICKLE_EXTENSIONS: frozenset[str] = frozenset({"pyd", "pickle", "pkl", "pth"})
 
 #: Refuse to gunzip a field past this many bytes: a guard against gzip bombs in
 #: untrusted shards (a real field this large belongs in its own shard).
 MAX_GUNZIP_BYTES = 1 << 31
-
-
-def last_ext(ext: str) -> str:
-    """The part of a field name that picks its decoder (``"seg.png"`` -> ``"png"``).
-
-    Example:
-        >>> last_ext("seg.PNG"), last_ext("txt.gz"), last_ext("cls")
-        ('png', 'gz', 'cls')
-    """
-    return ext.rsplit(".", 1)[-1].lower()
-
-
-def is_image(ext: str) -> bool:
-    """True when the field is an image for the image decoder (``jpg``, ``seg.png``...).
-
-    A gzipped image (``png.gz``) is not: :func:`decode_field` gunzips it to bytes.
-
-    Example:
-        >>> is_image("jpg"), is_image("left.png"), is_image("png.gz"), is_image("txt")
-        (True, True, False, False)
-    """
-    return last_ext(ext) in IMAGE_EXTENSIONS
 
 
 def _text(data: bytes) -> str:

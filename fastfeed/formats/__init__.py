@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Iterator, Mapping, Protocol
 
 from fastfeed.formats.lmdb import LmdbShardReader, LmdbShardWriter
-from fastfeed.formats.tar import TarShardReader, TarShardWriter, split_key
+from fastfeed.formats.naming import split_key
+from fastfeed.formats.tar import TarShardReader, TarShardWriter
 
 __all__ = [
     "FORMATS",

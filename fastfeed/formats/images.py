@@ -1,17 +1,18 @@
-"""Image facts used by ``pack`` and ``verify``: extensions, format sniffing, re-encoding.
+"""Image facts used by ``pack`` and ``verify``: format sniffing, re-encoding, decode checks.
 
-- :func:`field_ext` normalises a field name's last extension (``JPEG`` -> ``jpg``), so
-  ``a.jpg`` and ``a.jpeg`` map to one field;
-- :func:`sniff` names an image format from its first bytes (no decoding), which is how
-  ``pack`` catches files that carry an image extension but are not images;
+Which fields are images is :data:`fastfeed.formats.naming.IMAGE_EXTENSIONS`.
+
+- :func:`sniff` names an image format from its first bytes (no decoding), and
+  :func:`looks_like_image` is how ``pack`` catches files that carry an image extension
+  but are not images;
 - :func:`reencode` implements ``pack --max-side/--quality``: EXIF orientation applied,
   CMYK / 16-bit / palette / alpha images converted properly, resized so the longer side
   is at most ``max_side``, and encoded in the format the field's extension names;
 - :func:`decode_error` fully decodes an image and returns what went wrong, for ``verify``.
 
 Example:
-    >>> field_ext("seg.JPEG"), sniff(b"\\x89PNG\\r\\n\\x1a\\n...."), sniff(b"hello")
-    ('seg.jpg', 'png', None)
+    >>> sniff(b"\\x89PNG\\r\\n\\x1a\\n...."), sniff(b"hello"), looks_like_image(b"hello", "jpg")
+    ('png', None, False)
 """
 
 from __future__ import annotations
@@ -23,42 +24,28 @@ from typing import Any
 
 import numpy as np
 
+from fastfeed.formats.naming import last_ext
+
 __all__ = [
-    "IMAGE_EXTS",
     "decode_error",
     "decode_errors",
-    "field_ext",
-    "is_image_field",
+    "looks_like_image",
     "reencode",
     "sniff",
 ]
 
-#: File extensions treated as images (after :func:`field_ext` normalisation).
-IMAGE_EXTS = frozenset(
-    {"jpg", "png", "gif", "bmp", "webp", "tif", "ppm", "pgm", "pbm", "pnm", "avif", "heic", "heif"}
-)
-_ALIASES = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "tiff": "tif"}
 #: field extension -> Pillow format written by :func:`reencode`; other images are kept.
 _TARGETS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
+#: Image extensions whose files start with no magic number.
+_NO_MAGIC = frozenset({"tga"})
 _ORIENTATION = 0x0112
-
-
-def field_ext(field: str) -> str:
-    """Lower-case a field name and normalise the alias of its last part (``jpeg`` -> ``jpg``)."""
-    field = field.lower()
-    head, dot, last = field.rpartition(".")
-    return f"{head}{dot}{_ALIASES.get(last, last)}"
-
-
-def is_image_field(field: str) -> bool:
-    """True when the field's last extension names an image format."""
-    return field.rpartition(".")[2] in IMAGE_EXTS
 
 
 def sniff(data: bytes) -> str | None:
     """Name the image format of ``data`` from its magic bytes, or None.
 
-    Returns one of ``jpeg png gif bmp webp tiff pnm isobmff`` (AVIF/HEIF).
+    Returns one of ``jpeg png gif bmp dib webp tiff pnm isobmff`` (AVIF/HEIF) ``ico jp2
+    j2k psd sgi pcx``; TGA has no magic number (see :func:`looks_like_image`).
     """
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
@@ -76,7 +63,35 @@ def sniff(data: bytes) -> str | None:
         return "pnm"
     if data[4:8] == b"ftyp":
         return "isobmff"
+    return _sniff_rare(data)
+
+
+def _sniff_rare(data: bytes) -> str | None:
+    """The less common formats of :data:`~fastfeed.formats.naming.IMAGE_EXTENSIONS`."""
+    if data[:4] == b"\x00\x00\x01\x00" and len(data) >= 6 and data[4:6] != b"\x00\x00":
+        return "ico"
+    if data[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n":
+        return "jp2"
+    if data[:4] == b"\xffO\xffQ":
+        return "j2k"
+    if data[:4] == b"8BPS":
+        return "psd"
+    if data[:2] == b"\x01\xda":
+        return "sgi"
+    if len(data) >= 3 and data[0] == 0x0A and data[1] in (0, 2, 3, 4, 5) and data[2] == 1:
+        return "pcx"
+    if data[:4] in (b"\x28\x00\x00\x00", b"\x0c\x00\x00\x00", b"\x6c\x00\x00\x00", b"\x7c\x00\x00\x00"):
+        return "dib"  # a BMP without its file header: the info header's size first
     return None
+
+
+def looks_like_image(data: bytes, field: str) -> bool:
+    """False when ``data`` (its first 32 bytes suffice) is surely not an image.
+
+    Formats without a magic number (TGA) are taken on trust; the others must sniff as some
+    image format (not necessarily the one the extension names: re-encoding converts).
+    """
+    return sniff(data) is not None or last_ext(field) in _NO_MAGIC
 
 
 def decode_errors() -> tuple[type[BaseException], ...]:

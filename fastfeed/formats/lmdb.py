@@ -21,7 +21,7 @@ import os
 import struct
 from typing import Any, Iterator, Mapping
 
-from fastfeed.errors import SampleError, ShardError, missing_dependency
+from fastfeed.errors import MissingDependencyError, SampleError, ShardError
 
 __all__ = ["LmdbShardReader", "LmdbShardWriter", "decode_sample", "encode_sample"]
 
@@ -30,10 +30,14 @@ _MAP_SIZE = 1 << 40
 
 
 def _lmdb() -> Any:
+    """The ``lmdb`` module: a core dependency, imported when an LMDB shard is first used."""
     try:
         import lmdb
     except ImportError:
-        raise missing_dependency("lmdb", "lmdb", "LMDB shards") from None
+        raise MissingDependencyError(
+            "LMDB shards need the 'lmdb' module, a dependency of fastfeed that is missing from "
+            "this environment: pip install lmdb (or reinstall fastfeed)"
+        ) from None
     return lmdb
 
 

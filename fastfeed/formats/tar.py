@@ -1,7 +1,7 @@
 """Tar shards in the WebDataset convention, with NVIDIA DALI index files.
 
-A sample is a run of adjacent members ``<key>.<ext>``; the key is the member path up
-to the first dot of its base name (``a/b/0001.seg.png`` -> key ``a/b/0001``, field
+A sample is a run of adjacent members ``<key>.<ext>``, named by the one key rule
+:func:`fastfeed.formats.naming.split_key` (``a/b/0001.seg.png`` -> key ``a/b/0001``, field
 ``seg.png``). Members are plain POSIX (ustar, pax when a name needs it) with fixed
 mtime/uid/gid/mode and no user names, so the same input gives byte-identical shards.
 
@@ -27,34 +27,17 @@ import io
 import os
 import re
 import tarfile
-from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
 from fastfeed.errors import SampleError, ShardError
+from fastfeed.formats.naming import split_key
 
-__all__ = ["TarShardReader", "TarShardWriter", "dali_index_text", "split_key"]
+__all__ = ["TarShardReader", "TarShardWriter", "dali_index_text"]
 
 BLOCK = 512
 RECORD = BLOCK * 20
 _ZEROS = bytes(BLOCK)
 _SPACE = re.compile(r"\s")
-_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
-
-
-def split_key(name: str) -> tuple[str, str] | None:
-    """Split a member or file path into (key, field) the WebDataset way.
-
-    The field (extension) is lower-cased; names without a dot in their base name
-    return None.
-
-    Example:
-        >>> split_key("a/b/0001.seg.PNG")
-        ('a/b/0001', 'seg.png')
-    """
-    m = _KEY_RE.match(name)
-    if m is None:
-        return None
-    return m.group(1), m.group(2).lower()
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -170,19 +153,19 @@ def dali_index_text(entries: list[str]) -> str:
 class TarShardReader:
     """Read samples of a tar shard by (offset, size), or sequentially.
 
-    ``source`` is a local path or an open binary file object supporting seek/read
+    ``file`` is a local path or an open binary file object supporting seek/read
     (for example an fsspec file).
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
-        if isinstance(source, (str, os.PathLike)):
-            self.name = name or str(source)
-            self._path: str | None = str(source)
+    def __init__(self, file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
+        if isinstance(file, (str, os.PathLike)):
+            self.name = name or str(file)
+            self._path: str | None = str(file)
             self._f: BinaryIO | None = None
         else:
-            self.name = name or getattr(source, "path", None) or getattr(source, "name", "<stream>")
+            self.name = name or getattr(file, "path", None) or getattr(file, "name", "<stream>")
             self._path = None
-            self._f = source
+            self._f = file
         self._pid = os.getpid()
 
     def _file(self) -> BinaryIO:
@@ -266,32 +249,3 @@ def _parse_members(f: BinaryIO, name: str, base: int) -> Iterator[dict]:
         ) from None
     if current is not None:
         yield current
-
-
-def scan_tar(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
-    """Scan an uncompressed tar and return (key, offset, size) per sample.
-
-    For tars written by other tools (no fastfeed index): offsets point at each
-    sample's first header so :meth:`TarShardReader.read` can fetch it.
-    """
-    out: list[tuple[str, int, int]] = []
-    with tarfile.open(Path(path), mode="r:") as tf:
-        last_key = None
-        start = 0
-        end = 0
-        for m in tf:
-            if not m.isreg():
-                continue
-            parts = split_key(m.name)
-            if parts is None:
-                continue
-            key = parts[0]
-            if key != last_key:
-                if last_key is not None:
-                    out.append((last_key, start, end - start))
-                start = m.offset
-                last_key = key
-            end = m.offset_data + m.size + (-m.size % BLOCK)
-        if last_key is not None:
-            out.append((last_key, start, end - start))
-    return out

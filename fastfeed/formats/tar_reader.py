@@ -8,8 +8,8 @@ pax / GNU long-name records. That is what :func:`parse_sample` does (~15 us); an
 it does not recognise (sparse files, base-256 sizes it cannot trust, ...) falls back to
 the tarfile-based reader, so both always agree.
 
-Member names split into key and field the way webdataset does
-(:func:`fastfeed.formats.wds.webdataset_key`), like the index scan of WebDataset tars.
+Member names split into key and field by the one key rule
+(:func:`fastfeed.formats.naming.split_key`), as the index scan of WebDataset tars does.
 
 Example:
     >>> import tempfile, os
@@ -27,8 +27,8 @@ import os
 from typing import Any, BinaryIO, Callable, Iterator
 
 from fastfeed.errors import SampleError, ShardError
+from fastfeed.formats.naming import split_key
 from fastfeed.formats.tar import TarShardReader
-from fastfeed.formats.wds import webdataset_key
 
 __all__ = ["FastTarReader", "first_member_name", "parse_sample"]
 
@@ -106,7 +106,7 @@ def _parse(buf: bytes | memoryview, name: str, base: int) -> dict[str, Any]:
             pass  # global pax header, GNU long link name: nothing a sample needs
         elif typ in _REGULAR:
             member = pax.get("path") or long_name or _header_name(h)
-            parts = webdataset_key(member)
+            parts = split_key(member)
             if parts is not None:
                 key, ext = parts
                 if "__key__" not in sample:
@@ -194,10 +194,10 @@ class FastTarReader:
     after a fork; a file object belongs to the process that opened it.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
-        self._source = source
-        self._path = str(source) if isinstance(source, (str, os.PathLike)) else None
-        self.name = name or self._path or getattr(source, "path", None) or "<stream>"
+    def __init__(self, file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None) -> None:
+        self._file = file
+        self._path = str(file) if isinstance(file, (str, os.PathLike)) else None
+        self.name = name or self._path or getattr(file, "path", None) or "<stream>"
         self._fd = -1
         self._pid = -1
         self._slow: TarShardReader | None = None
@@ -213,7 +213,7 @@ class FastTarReader:
 
     def _read_span(self, offset: int, size: int) -> bytes | memoryview:
         if self._path is None:
-            f = self._source
+            f = self._file
             f.seek(offset)  # type: ignore[union-attr]
             return f.read(size)  # type: ignore[union-attr]
         return os.pread(self._open_fd(), size, offset)
@@ -245,15 +245,15 @@ class FastTarReader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._slow is None:
-            self._slow = TarShardReader(self._source, name=self.name)  # type: ignore[arg-type]
+            self._slow = TarShardReader(self._file, name=self.name)  # type: ignore[arg-type]
         return iter(self._slow)
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
             os.close(self._fd)
         self._fd = -1
-        if self._path is None and hasattr(self._source, "close"):
-            self._source.close()  # type: ignore[union-attr]
+        if self._path is None and hasattr(self._file, "close"):
+            self._file.close()  # type: ignore[union-attr]
         if self._slow is not None:
             self._slow.close()
             self._slow = None

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from fastfeed.host import HostInfo, host_info
-from fastfeed.packed.index import _is_url, atomic_write_bytes
+from fastfeed.packed.index import atomic_write_bytes
+from fastfeed.storage.remote import is_url as _is_url
 
 __all__ = [
     "DATASET_FILE",

@@ -25,11 +25,14 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from fastfeed.errors import FastfeedError
-from fastfeed.formats import FORMATS, split_key
-from fastfeed.formats.images import decode_error, is_image_field
+from fastfeed.errors import ConfigError, FastfeedError
+from fastfeed.formats import FORMATS
+from fastfeed.formats.images import decode_error
+from fastfeed.formats.naming import is_image, split_key
+from fastfeed.formats.wds import scan_tar
+from fastfeed.host import cpu_count
 from fastfeed.packed.index import DatasetIndex, ShardInfo
-from fastfeed.packing.plan import SKIPPED_NAME
+from fastfeed.packed.layout import LENGTHS_NAME, SKIPPED_NAME
 
 __all__ = ["VerifyReport", "info", "verify"]
 
@@ -108,16 +111,25 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
-def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True,
+def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool = True,
            progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check a packed dataset end to end (see the module doc); never raises on damage.
 
     Args:
         dst: the dataset folder.
-        workers: processes checking shards in parallel.
+        workers: processes checking shards in parallel (``"auto"``: one per usable core,
+            :func:`fastfeed.host.cpu_count`).
         decode: decode every image (the slow part); False checks bytes only.
         progress: called with ``(shards_checked, shards_total)`` as shards finish.
+
+    Example:
+        >>> verify("/data/in-ff", workers="auto").ok   # doctest: +SKIP
+        True
     """
+    if workers == "auto":
+        workers = cpu_count()
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
     report = VerifyReport(path=str(dst), ok=False)
     try:
         idx = DatasetIndex.load(dst)
@@ -128,7 +140,7 @@ def verify(dst: str | os.PathLike[str], *, workers: int = 1, decode: bool = True
         report.problems.append(str(e))
         return report
     if lengths is not None and (lengths < 0).any():
-        report.problems.append(f"{dst}/lengths.npy: negative lengths; re-run `fastfeed pack --overwrite`")
+        report.problems.append(f"{dst}/{LENGTHS_NAME}: negative lengths; re-run `fastfeed pack --overwrite`")
     report.problems += _check_skipped(Path(dst), idx)
     starts = idx.shard_starts
     jobs = []
@@ -218,7 +230,7 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
                     problem(f"sample {key!r}: cls member {cls} but labels.npy says {labels[i]}; re-pack")
             if decode:
                 for name, data in sample.items():
-                    if name != "__key__" and is_image_field(name):
+                    if name != "__key__" and is_image(name):
                         images += 1
                         err = decode_error(data)
                         if err is not None:
@@ -254,9 +266,7 @@ def _locations(path: Path, fmt: str) -> list[tuple[int, int]] | None:
     """Tar: (offset, span) of every sample from its headers; LMDB: None (record numbers)."""
     if fmt == "lmdb":
         return None
-    from fastfeed.formats.tar import scan_tar
-
-    return [(off, size) for _, off, size in scan_tar(path)]
+    return scan_tar(path).spans
 
 
 def _int_or_none(raw: bytes) -> int | None:

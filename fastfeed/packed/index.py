@@ -37,6 +37,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fastfeed.errors import IndexMismatchError, IndexVersionError
+from fastfeed.packed.layout import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME
+from fastfeed.storage.remote import exists, is_url, read_bytes
 
 __all__ = [
     "INDEX_NAME",
@@ -46,11 +48,7 @@ __all__ = [
     "atomic_write_bytes",
 ]
 
-INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-OFFSETS_NAME = "offsets.npy"
-LABELS_NAME = "labels.npy"
-LENGTHS_NAME = "lengths.npy"
 FORMATS = ("tar", "lmdb")
 
 
@@ -191,9 +189,7 @@ class DatasetIndex:
         if arr is None:
             path = join(self.root, name)
             try:
-                if _is_url(path):
-                    from fastfeed.storage.remote import read_bytes
-
+                if is_url(path):
                     arr = np.load(io.BytesIO(read_bytes(path, storage_options=self.storage_options)),
                                   allow_pickle=False)
                 else:
@@ -299,12 +295,10 @@ class DatasetIndex:
         ``storage_options`` (endpoint, credentials) are passed to fsspec for a URL and
         kept for reading the sidecar arrays later.
         """
-        root_s = str(root).rstrip("/") if _is_url(str(root)) else str(Path(root))
+        root_s = str(root).rstrip("/") if is_url(root) else str(Path(root))
         path = join(root_s, INDEX_NAME)
         try:
-            if _is_url(root_s):
-                from fastfeed.storage.remote import read_bytes
-
+            if is_url(root_s):
                 raw = read_bytes(path, storage_options=storage_options)
             else:
                 raw = Path(path).read_bytes()
@@ -322,22 +316,16 @@ class DatasetIndex:
     @staticmethod
     def exists(root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> bool:
         """True when ``root`` holds a complete dataset (its index exists)."""
-        if _is_url(str(root)):
-            from fastfeed.storage.remote import exists
-
+        if is_url(root):
             return exists(join(str(root), INDEX_NAME), storage_options=storage_options)
         return (Path(root) / INDEX_NAME).is_file()
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
 
 
 def join(root: str, name: str) -> str:
     """Join a dataset root (path or URL) and a relative name."""
     if not root:
         return name
-    if _is_url(root):
+    if is_url(root):
         return root.rstrip("/") + "/" + name
     return os.path.join(root, name)
 

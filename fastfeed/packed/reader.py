@@ -2,16 +2,16 @@
 
 :func:`resolve_index` finds the index of a packed dataset, or builds one in memory for
 WebDataset tars; :func:`check_shards` fails fast on missing or truncated local shards;
-:class:`ShardSource` opens shards lazily in the process that reads them (reopened after
-a fork, a bounded number kept open): tar samples by ``(offset, size)`` from
+:class:`DatasetReader`, the loader's reader, opens shards lazily in the process that reads
+them (reopened after a fork, a bounded number kept open): tar samples by ``(offset, size)`` from
 ``index.offsets`` with :class:`~fastfeed.formats.tar_reader.FastTarReader`, LMDB samples
 by record number, URLs through :func:`fastfeed.storage.remote.open_shard` (``cache_dir`` for a
 shared local cache). A shard whose size or record count does not match the index is an
 error when it is opened.
 
 Example:
-    >>> src = ShardSource(resolve_index("/data/imagenet-ff"))     # doctest: +SKIP
-    >>> src.read(0)["__key__"]                                     # doctest: +SKIP
+    >>> reader = DatasetReader(resolve_index("/data/imagenet-ff"))  # doctest: +SKIP
+    >>> reader.read(0)["__key__"]                                    # doctest: +SKIP
     'n01440764/n01440764_10026'
 """
 
@@ -23,13 +23,21 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fastfeed.errors import ConfigError, FastfeedError, IndexMismatchError, SampleError, ShardError
+from fastfeed.errors import (
+    ConfigError,
+    FastfeedError,
+    IndexMismatchError,
+    SampleError,
+    ShardError,
+)
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.tar_reader import FastTarReader
+from fastfeed.packed.foreign import open_index
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.storage.remote import is_gzip_tar, is_url, local_path
+from fastfeed.packed.layout import INDEX_NAME
+from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 
-__all__ = ["ShardSource", "check_shards", "resolve_index", "sample_error"]
+__all__ = ["DatasetReader", "check_shards", "resolve_index", "sample_error"]
 
 _MAX_OPEN_FILES = 64
 
@@ -45,7 +53,7 @@ def resolve_index(
     """The index of a packed dataset, or an in-memory one for WebDataset tars without index.
 
     Accepts a dataset folder/URL with ``index.json``, or tars as
-    :func:`fastfeed.formats.wds.open_index` does (folder, shard, list, brace pattern, glob).
+    :func:`fastfeed.packed.foreign.open_index` does (folder, shard, list, brace pattern, glob).
 
     Example:
         >>> resolve_index("/data/imagenet-ff").num_samples       # doctest: +SKIP
@@ -53,8 +61,6 @@ def resolve_index(
     """
     if isinstance(path_or_url, DatasetIndex):
         return path_or_url
-    from fastfeed.formats.wds import open_index
-
     return open_index(path_or_url, storage_options=storage_options, cache_dir=cache_dir,
                       cache_size=cache_size, on_error=on_error)
 
@@ -73,7 +79,7 @@ def check_shards(index: DatasetIndex) -> None:
             size = os.stat(path).st_size
         except FileNotFoundError:
             raise ShardError(
-                f"{path}: shard is missing (listed in {os.path.join(index.root, 'index.json')}); "
+                f"{path}: shard is missing (listed in {os.path.join(index.root, INDEX_NAME)}); "
                 "restore it or re-run `fastfeed pack`"
             ) from None
         if size != info.bytes:
@@ -83,7 +89,7 @@ def check_shards(index: DatasetIndex) -> None:
             )
 
 
-class ShardSource:
+class DatasetReader:
     """Reads samples of an index by global number; opens shards lazily, per process.
 
     Args:
@@ -150,8 +156,6 @@ class ShardSource:
                     "does not match this shard, re-run `fastfeed pack`"
                 )
             return r
-        from fastfeed.storage.remote import open_shard
-
         src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
                          storage_options=self.storage_options, size=info.bytes,
                          sha256=info.sha256 or None)
@@ -170,8 +174,6 @@ class ShardSource:
             if not os.path.isfile(path):
                 raise ShardError(f"{path}: shard is missing; restore it or re-run `fastfeed pack`")
             return path
-        from fastfeed.storage.remote import open_shard
-
         src = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
                          storage_options=self.storage_options, size=size, sha256=sha256 or None)
         if not isinstance(src, str):
@@ -217,13 +219,17 @@ class ShardSource:
                 hint(off, size)
 
 
-def sample_error(src: ShardSource, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
+#: The old name of :class:`DatasetReader`, still imported by ``fastfeed.loading`` and ``fastfeed.diagnosis``.
+ShardSource = DatasetReader
+
+
+def sample_error(reader: DatasetReader, s: int, offset: int, key: str, exc: BaseException) -> SampleError:
     """``exc`` as a SampleError that names shard, key and offset (kept if it already does)."""
     if isinstance(exc, SampleError) and exc.shard:
         if key and not exc.key:
             exc.key = key
         return exc
-    name = src.shard_name(s)
+    name = reader.shard_name(s)
     what = f"sample '{key}'" if key else "a sample"
-    unit = "record" if src.index.format == "lmdb" else "offset"
+    unit = "record" if reader.index.format == "lmdb" else "offset"
     return SampleError(f"{name}: {what} at {unit} {offset}: {exc}", shard=name, key=key, offset=offset)

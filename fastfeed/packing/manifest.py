@@ -1,9 +1,10 @@
 """JSONL manifests as a ``pack`` input: one JSON object per line, one sample per object.
 
-Split from :mod:`fastfeed.packing.walk` (which detects the input and calls :func:`read_manifest`).
-A string field naming an existing file (relative to the manifest) is stored as a member
-read from disk, named by :func:`member_name`; other strings are stored as text (``.txt``)
-and other values as JSON (``.json``). ``__key__`` gives the sample key (default: the line
+:func:`fastfeed.packing.walk.scan` calls :func:`manifest_source` when SRC is one file (or
+object) of a :class:`~fastfeed.packing.tree.Tree`. A string field naming an existing file
+(relative to the manifest) is stored as a member read from that file, named by
+:func:`member_name`; other strings are stored as text (``.txt``) and other values as JSON
+(``.json``). ``__key__`` gives the sample key (default: the line
 number), ``cls`` or ``label`` (an int) its label. Bad lines are reported with the line
 number and the fix; with ``on_error="skip"`` they are left out and counted.
 
@@ -16,35 +17,36 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import stat
-from pathlib import Path
 from typing import Any, Iterable
 
-from fastfeed.errors import BadFileError, ConfigError, DuplicateKeyError, SourceError, UnsafePathError
-from fastfeed.formats.images import IMAGE_EXTS, field_ext
-from fastfeed.storage.remote import is_url
-from fastfeed.packing.walk import (
+from fastfeed.errors import (
+    BadFileError,
+    ConfigError,
+    DuplicateKeyError,
+    SourceError,
+    UnsafePathError,
+)
+from fastfeed.formats.naming import IMAGE_EXTENSIONS, field_ext
+from fastfeed.packing.source import (
     MANIFEST_SUFFIXES,
     Member,
     Problems,
     SampleSpec,
     Source,
-    _open,
-    _readable,
     key_problem,
     show,
 )
+from fastfeed.packing.tree import FileStat, Tree
 
 __all__ = ["manifest_source", "member_name", "read_manifest"]
 
 _PATHLIKE = re.compile(r"[^\n\r\0]{1,1024}\.[A-Za-z0-9]{1,10}")
 
-_KNOWN_FIELDS = IMAGE_EXTS | {
+_KNOWN_FIELDS = IMAGE_EXTENSIONS | {
     "txt", "text", "transcript", "cls", "cls2", "class", "count", "index", "inx", "id",
     "json", "jsn", "npy", "npz", "wav", "flac", "mp3", "ogg", "mp4", "ten", "msgpack", "mpk",
-    "cbor", "bin", "seg", "jpeg", "tiff",
+    "cbor", "bin", "seg",
 }
 
 
@@ -65,33 +67,31 @@ def member_name(name: str, ext: str) -> str:
     return f"{name}.{field_ext(ext)}"
 
 
-def _manifest_lines(path: Path) -> Iterable[tuple[int, int, bytes]]:
+def _manifest_lines(tree: Tree, name: str) -> Iterable[tuple[int, int, bytes]]:
     offset = 0
-    with _open(path) as f:
+    with tree.open(name) as f:
         for n, line in enumerate(f):
             yield n, offset, line
             offset += len(line)
 
 
-def manifest_source(path: Any, kind: str | None, problems: Problems, *, noun: str = "file",
-                    container: str = "folder") -> Source:
-    """The source of ``pack`` when SRC is one file (or object): a JSONL manifest.
+def manifest_source(tree: Tree, name: str, kind: str | None, problems: Problems) -> Source:
+    """The source of ``pack`` when SRC is one file (or object) ``name`` of ``tree``: a JSONL manifest.
 
     Raises:
         ConfigError: ``--input`` asks for a folder layout, or the name is not a manifest's
             (``.jsonl``/``.ndjson``/``.jsonlines``) and ``--input jsonl`` was not given.
     """
-    shown = show(str(path))
+    shown = show(tree.path(name))
     if kind not in (None, "jsonl"):
-        raise ConfigError(f"{shown}: is a {noun}, but --input {kind} needs a {container}")
-    if kind is None and not str(path).lower().endswith(MANIFEST_SUFFIXES):
-        raise ConfigError(f"{shown}: is a {noun}; pass a {container}, or a JSONL manifest "
+        raise ConfigError(f"{shown}: is a {tree.noun}, but --input {kind} needs a {tree.container}")
+    if kind is None and not name.lower().endswith(MANIFEST_SUFFIXES):
+        raise ConfigError(f"{shown}: is a {tree.noun}; pass a {tree.container}, or a JSONL manifest "
                           "(name it .jsonl or pass --input jsonl)")
-    problems.src = str(path.parent)
-    return read_manifest(path, problems)
+    return read_manifest(tree, name, problems)
 
 
-def read_manifest(path: Path, problems: Problems) -> Source:
+def read_manifest(tree: Tree, name: str, problems: Problems) -> Source:
     """The samples of a JSONL manifest (one JSON object per line), checked line by line.
 
     A string field naming an existing file (relative to the manifest) becomes a member read
@@ -99,15 +99,14 @@ def read_manifest(path: Path, problems: Problems) -> Source:
     reported to ``problems`` with its line number (``texts.jsonl:17``) and the fix.
 
     Example:
-        >>> src = read_manifest(Path("data/texts.jsonl"), Problems("fail", "data/texts.jsonl"))  # doctest: +SKIP
+        >>> tree = LocalTree("data")                                                  # doctest: +SKIP
+        >>> src = read_manifest(tree, "texts.jsonl", Problems("raise", tree.shown))   # doctest: +SKIP
         >>> src.kind, src.manifest                                                    # doctest: +SKIP
         ('jsonl', 'texts.jsonl')
     """
-    root = str(path.parent)
-    name = path.name
     digest = hashlib.sha256()
     records: list[tuple[int, int, int, dict[str, Any]]] = []
-    for n, offset, line in _manifest_lines(path):
+    for n, offset, line in _manifest_lines(tree, name):
         digest.update(line)
         text = line[3:] if n == 0 and line.startswith(b"\xef\xbb\xbf") else line
         if not text.strip():
@@ -123,20 +122,20 @@ def read_manifest(path: Path, problems: Problems) -> Source:
                             "write one {...} object per line, or pass --on-error skip")
             continue
         records.append((n, offset, len(line), obj))
-    stats: dict[str, os.stat_result | None] = {}
+    stats: dict[str, FileStat | None] = {}
     file_fields: set[str] = set()
     for _, _, _, obj in records:
         for k, v in obj.items():
             if isinstance(v, str) and _PATHLIKE.fullmatch(v):
                 if v not in stats:
-                    stats[v] = _stat_file(os.path.join(root, v))
+                    stats[v] = tree.stat(v)
                 if stats[v] is not None:
                     file_fields.add(k)
     samples: list[SampleSpec] = []
     seen: dict[str, int] = {}
     for n, offset, length, obj in records:
         where = f"{name}:{n + 1}"
-        sample = _jsonl_sample(root, where, n, offset, length, obj, file_fields, stats, problems)
+        sample = _jsonl_sample(tree, where, n, offset, length, obj, file_fields, stats, problems)
         if sample is None:
             continue
         if sample.key in seen:
@@ -147,24 +146,12 @@ def read_manifest(path: Path, problems: Problems) -> Source:
         seen[sample.key] = n + 1
         samples.append(sample)
     has_labels = any(s.label >= 0 for s in samples)
-    return Source("jsonl", root, samples, manifest=name, manifest_sha256=digest.hexdigest(),
+    return Source("jsonl", tree.root, samples, manifest=name, manifest_sha256=digest.hexdigest(),
                   has_labels=has_labels)
 
 
-def _stat_file(path: str) -> os.stat_result | None:
-    if is_url(path):
-        from fastfeed.packing.srcurl import stat as url_stat
-
-        return url_stat(path)  # type: ignore[return-value]  # has st_size and st_mtime_ns
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st if stat.S_ISREG(st.st_mode) else None
-
-
-def _jsonl_sample(root: str, where: str, n: int, offset: int, length: int, obj: dict[str, Any],
-                  file_fields: set[str], stats: dict[str, os.stat_result | None],
+def _jsonl_sample(tree: Tree, where: str, n: int, offset: int, length: int, obj: dict[str, Any],
+                  file_fields: set[str], stats: dict[str, FileStat | None],
                   problems: Problems) -> SampleSpec | None:
     key = obj.get("__key__", f"{n:09d}")
     if not isinstance(key, str) or (why := key_problem(key)) is not None:
@@ -187,7 +174,7 @@ def _jsonl_sample(root: str, where: str, n: int, offset: int, length: int, obj: 
                                 "fix the path (relative to the manifest), or pass --on-error skip", key)
                 return None
             st = stats[v]
-            if st.st_size == 0 or not _readable(os.path.join(root, v)):
+            if st.st_size == 0 or not tree.readable(v):
                 what = "a zero-byte file" if st.st_size == 0 else "an unreadable file"
                 problems.report(BadFileError, where, f"field {k!r} names {what} ({show(v)})",
                                 "fix or remove the file, or pass --on-error skip", key)

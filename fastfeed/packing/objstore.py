@@ -15,7 +15,7 @@ like the local DST:
   fsspec file systems get a temporary name and a rename. A re-run reuses a published
   shard when its record matches the plan and the object's sha256 (streamed back)
   matches the record;
-- :func:`finalize_remote` runs :func:`fastfeed.packing.api.finalize` in the staging folder and
+- :func:`finalize_remote` runs :func:`fastfeed.packing.finish.finalize` in the staging folder and
   uploads the sidecars, ``skipped.txt`` and, last, ``index.json``; then removes the
   resume records and stale files of earlier runs.
 
@@ -33,17 +33,31 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from fastfeed import __version__
 from fastfeed.errors import DestinationError
-from fastfeed.packed.index import INDEX_NAME, DatasetIndex
-from fastfeed.packing.plan import OWN_FILE, RESUME_DIR, SKIPPED_NAME, PackPlan, plan_pack
-from fastfeed.packing.write import ProgressFn, ShardResult, shard_fingerprint, write_shard
+from fastfeed.packed.index import DatasetIndex
+from fastfeed.packed.layout import (
+    INDEX_NAME,
+    JOB_RECORD,
+    OWN_FILE,
+    RESUME_DIR,
+    SKIPPED_NAME,
+    resume_record,
+)
+from fastfeed.packing.finish import finalize
+from fastfeed.packing.plan import PackPlan
+from fastfeed.packing.write import (
+    ProgressFn,
+    ShardResult,
+    shard_fingerprint,
+    write_shard,
+)
 from fastfeed.storage.remote import filesystem, with_retries
 
-__all__ = ["RemoteDest", "finalize_remote", "pack_url", "write_shard_remote"]
+__all__ = ["RemoteDest", "finalize_remote", "write_shard_remote"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -188,7 +202,7 @@ class RemoteDest:
             return False
         if RESUME_DIR in names:
             try:
-                previous = json.loads(self.read(f"{RESUME_DIR}/job.json")).get("job")
+                previous = json.loads(self.read(JOB_RECORD)).get("job")
             except (OSError, ValueError):
                 previous = None
             if previous == plan.job:
@@ -209,8 +223,8 @@ class RemoteDest:
         if plan.options.overwrite:
             self.remove([INDEX_NAME])  # first: the prefix stops being a complete dataset
             self.cleanup(keep=())
-        record = {"job": plan.job, "fastfeed": _version(), "src": plan.src, "content": plan.content}
-        self.put_bytes(f"{RESUME_DIR}/job.json", (json.dumps(record, indent=1) + "\n").encode())
+        record = {"job": plan.job, "fastfeed": __version__, "src": plan.src, "content": plan.content}
+        self.put_bytes(JOB_RECORD, (json.dumps(record, indent=1) + "\n").encode())
 
     def cleanup(self, keep: Sequence[str] | None) -> None:
         """Remove resume records and fastfeed's objects not in ``keep`` (None: what the index lists)."""
@@ -230,12 +244,6 @@ class RemoteDest:
         return DatasetIndex.from_json(json.loads(self.read(INDEX_NAME)), root=self.url)
 
 
-def _version() -> str:
-    from fastfeed import __version__
-
-    return __version__
-
-
 def _index_files(d: Mapping[str, Any]) -> list[str]:
     shards = d["shards"]
     keep = [s["name"] for s in shards] + [s["dali_index"] for s in shards if s.get("dali_index")]
@@ -243,14 +251,10 @@ def _index_files(d: Mapping[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------- step 2 and 3
-def _record_name(name: str) -> str:
-    return f"{RESUME_DIR}/{name.rsplit('.', 1)[0]}.json"
-
-
 def _reusable(plan: PackPlan, number: int, dest: RemoteDest) -> ShardResult | None:
     shard = plan.shards[number]
     try:
-        rec = ShardResult.from_json(json.loads(dest.read(_record_name(shard.name))))
+        rec = ShardResult.from_json(json.loads(dest.read(resume_record(shard.name))))
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
     if rec.name != shard.name or rec.fingerprint != shard_fingerprint(plan, shard):
@@ -288,20 +292,18 @@ def write_shard_remote(
         if result.dali_index:
             dest.publish(stage / result.dali_index, result.dali_index)
         dest.publish(stage / result.name, result.name)
-        dest.put_bytes(_record_name(result.name), json.dumps(result.to_json()).encode())
+        dest.put_bytes(resume_record(result.name), json.dumps(result.to_json()).encode())
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return result
 
 
 def finalize_remote(plan: PackPlan, results: Sequence[ShardResult], dest: RemoteDest) -> DatasetIndex:
-    """:func:`fastfeed.packing.api.finalize` in the staging folder ``plan.dst``, then publish it.
+    """:func:`fastfeed.packing.finish.finalize` in the staging folder ``plan.dst``, then publish it.
 
     Sidecars and ``skipped.txt`` go first, ``index.json`` last; then the resume records
     and objects of earlier runs that the index does not list are removed.
     """
-    from fastfeed.packing.api import finalize
-
     index = finalize(plan, results)
     stage = Path(plan.dst)
     d = index.to_json()
@@ -311,38 +313,3 @@ def finalize_remote(plan: PackPlan, results: Sequence[ShardResult], dest: Remote
     dest.publish(stage / INDEX_NAME, INDEX_NAME)
     dest.cleanup(keep=_index_files(d))
     return replace(index, root=dest.url)
-
-
-def pack_url(
-    src: str | os.PathLike[str],
-    dst: str,
-    *,
-    engine: str = "local",
-    ray_address: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    progress: Callable[[int, int, int, int], None] | None = None,
-    **options: Any,
-) -> DatasetIndex:
-    """:func:`fastfeed.packing.api.pack` into an object-store prefix (see the module doc).
-
-    Example:
-        >>> pack_url("train", "s3://bucket/train-ff", engine="ray", samples_per_shard=1000)  # doctest: +SKIP
-    """
-    from fastfeed.packing.api import run_local
-
-    dest = RemoteDest.create(dst, storage_options)
-    with tempfile.TemporaryDirectory(prefix="fastfeed-pack-") as staging:
-        plan = plan_pack(src, staging, **options)
-        if dest.check(plan):
-            log.info("%s: already holds this dataset; nothing to do (pass --overwrite to re-pack)", dest.url)
-            dest.cleanup(keep=None)
-            return dest.load_index()
-        dest.prepare(plan)
-        if engine == "ray":
-            from fastfeed.packing.ray_engine import run_ray
-
-            results = run_ray(plan, dest=dest, ray_address=ray_address, progress=progress)
-        else:
-            results = run_local(plan, plan.options.workers, progress,
-                                writer=partial(write_shard_remote, dest=dest))
-        return finalize_remote(plan, results, dest)

@@ -4,7 +4,7 @@
 (sorted by key, then a seeded permutation with ``shuffle``), cuts them into balanced
 shards (counts differ by at most one), checks the destination, and returns a frozen,
 picklable :class:`PackPlan`. Steps 2 and 3 (:func:`fastfeed.packing.write.write_shard`,
-:func:`fastfeed.packing.api.finalize`) only execute it, so any engine (the local process pool,
+:func:`fastfeed.packing.finish.finalize`) only execute it, so any engine (the local process pool,
 Ray) that runs ``write_shard`` for every shard number produces the same bytes.
 
 The only side effects are on DST: it is created, ``overwrite=True`` removes fastfeed's
@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,25 +32,28 @@ from typing import Any
 import numpy as np
 
 from fastfeed import __version__
-from fastfeed._util import format_bytes, parse_size
+from fastfeed._util import check_on_error, format_bytes, parse_size
+from fastfeed.decode import roi
 from fastfeed.errors import ConfigError, DestinationError
 from fastfeed.formats import FORMATS
-from fastfeed.packed.index import INDEX_NAME, atomic_write_bytes
+from fastfeed.host import cpu_count
+from fastfeed.packed.index import atomic_write_bytes
+from fastfeed.packed.layout import (
+    INDEX_NAME,
+    JOB_RECORD,
+    OWN_FILE,
+    RESUME_DIR,
+    dali_index_name,
+    shard_name,
+)
+from fastfeed.packing.source import INPUTS, SampleSpec, Source, parse_length, show
+from fastfeed.packing.walk import scan
 from fastfeed.storage.remote import is_url
-from fastfeed.packing.walk import INPUTS, SampleSpec, Source, parse_length, scan, show
 
-__all__ = ["RESUME_DIR", "PackOptions", "PackPlan", "ShardPlan", "plan_pack"]
+__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "remove_own_files", "shard_counts"]
 
 log = logging.getLogger("fastfeed.pack")
 
-RESUME_DIR = ".fastfeed-pack"
-SKIPPED_NAME = "skipped.txt"
-SIDECARS = ("offsets.npy", "labels.npy", "lengths.npy")
-#: Files fastfeed writes into DST (``--overwrite`` removes these and nothing else).
-OWN_FILE = re.compile(
-    r"^(shard-\d{6,}\.(tar|lmdb|idx)(\.\d+\.tmp)?|index\.json|offsets\.npy|labels\.npy|"
-    r"lengths\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
-)
 _TAR_MEMBER_OVERHEAD = 512
 
 
@@ -69,7 +71,7 @@ class PackOptions:
     max_side: int | None = None
     quality: int = 90
     length: str | None = None
-    on_error: str = "fail"
+    on_error: str = "raise"
     overwrite: bool = False
     jpeg_restarts: bool = False
 
@@ -78,7 +80,7 @@ class PackOptions:
                shard_size: str | int = "256MB", samples_per_shard: int | None = None,
                workers: int | str = 1, shuffle: bool = True, seed: int = 0,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "fail", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
+               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
         if input in ("auto", ""):
             input = None
@@ -90,7 +92,7 @@ class PackOptions:
         if samples_per_shard is not None and (not _is_int(samples_per_shard) or samples_per_shard < 1):
             raise ConfigError(f"samples_per_shard={samples_per_shard!r}: must be an integer >= 1")
         if workers in ("auto", 0, None):
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            workers = cpu_count()
         if not _is_int(workers) or int(workers) < 1:
             raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
         if not _is_int(seed):
@@ -101,11 +103,8 @@ class PackOptions:
             raise ConfigError(f"quality={quality!r}: must be an integer from 1 to 100 (90 is a good default)")
         if length is not None:
             parse_length(length)
-        if on_error not in ("fail", "skip"):
-            raise ConfigError(f"on_error={on_error!r}: choose fail or skip")
+        on_error = check_on_error(on_error)
         if jpeg_restarts:
-            from fastfeed.decode import roi
-
             if not roi.available():
                 raise ConfigError("jpeg_restarts=True needs fastfeed's optional C extension fastfeed._jpegroi, "
                                   "which is not built here: reinstall fastfeed from source with a C compiler and "
@@ -141,7 +140,7 @@ class ShardPlan:
     @property
     def dali_index_name(self) -> str:
         """DALI index file name next to a tar shard (``shard-000003.idx``)."""
-        return self.name.rsplit(".", 1)[0] + ".idx"
+        return dali_index_name(self.name)
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
 
     Raises:
         ConfigError: an invalid option.
-        SourceError: bad input (``on_error="fail"``), or nothing to pack.
+        SourceError: bad input (``on_error="raise"``), or nothing to pack.
         DestinationError: DST inside SRC, or a non-empty DST that is not an unfinished
             run of this job (without ``overwrite=True``).
 
@@ -235,10 +234,9 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
         samples = [samples[i] for i in perm]
     counts = shard_counts(len(samples), [_estimate(s, opts.format) for s in samples], opts)
     suffix = FORMATS[opts.format][2]
-    width = max(6, len(str(len(counts) - 1)))
     shards, start = [], 0
     for n, c in enumerate(counts):
-        shards.append(ShardPlan(n, f"shard-{n:0{width}d}{suffix}", tuple(samples[start:start + c])))
+        shards.append(ShardPlan(n, shard_name(n, len(counts), suffix), tuple(samples[start:start + c])))
         start += c
     job = _digest({"fastfeed": __version__, "kind": source.kind,
                    "src": src_path if url_src else os.path.realpath(src_path),
@@ -355,7 +353,7 @@ def _check_destination(dst: Path, kind: str, job: str, content: str, opts: PackO
         return False
     if RESUME_DIR in names:
         try:
-            previous = json.loads((dst / RESUME_DIR / "job.json").read_text("utf-8")).get("job")
+            previous = json.loads((dst / JOB_RECORD).read_text("utf-8")).get("job")
         except (OSError, ValueError):
             previous = None
         if previous == job:
@@ -386,7 +384,7 @@ def _prepare(plan: PackPlan) -> None:
         remove_own_files(dst, keep=())
         shutil.rmtree(dst / RESUME_DIR, ignore_errors=True)
     (dst / RESUME_DIR).mkdir(parents=True, exist_ok=True)
-    job_path = dst / RESUME_DIR / "job.json"
+    job_path = dst / JOB_RECORD
     record = {"job": plan.job, "fastfeed": __version__, "src": plan.src, "content": plan.content}
     try:
         previous = json.loads(job_path.read_text("utf-8"))

@@ -4,7 +4,7 @@ The driver plans once (:func:`~fastfeed.packing.plan.plan_pack`: list, group by 
 cut into shards), then :func:`run_ray` submits one task per shard to the cluster; each
 task runs the local packer's :func:`~fastfeed.packing.write.write_shard` for its shard, so
 shards, DALI index files and the index are byte-identical to ``--engine local``. The
-driver writes the index last (:func:`~fastfeed.packing.api.finalize`).
+driver writes the index last (:func:`~fastfeed.packing.finish.finalize`).
 
 Where the bytes go:
 
@@ -18,7 +18,7 @@ Where the bytes go:
 Faults: a task whose worker or node dies is retried (``max_retries``) on another node;
 tasks are idempotent (temporary name + rename, or a whole-object upload) so a retry, or
 a straggler of a lost node, can only write the same bytes. Errors in the data (a bad
-file with ``on_error="fail"``) are not retried: the first one stops the job, with the
+file with ``on_error="raise"``) are not retried: the first one stops the job, with the
 same message as the local packer. Re-running the same command resumes: complete
 shards are reused after their checksums are checked.
 
@@ -43,10 +43,19 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Callable
 
-from fastfeed.errors import ConfigError, DestinationError, FastfeedError, SourceError, missing_dependency
-from fastfeed.packing.plan import RESUME_DIR, PackPlan
+from fastfeed import __version__
+from fastfeed.errors import (
+    ConfigError,
+    DestinationError,
+    FastfeedError,
+    SourceError,
+    missing_dependency,
+)
+from fastfeed.packed.layout import JOB_RECORD, RESUME_DIR
 from fastfeed.packing.objstore import RemoteDest, write_shard_remote
+from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.write import ShardResult, write_shard
+from fastfeed.storage.remote import is_url
 
 __all__ = ["require_ray", "run_ray", "shard_plan"]
 
@@ -95,8 +104,6 @@ def _node() -> str:
 
 def _check_visible(sub: PackPlan, local_dst: bool) -> None:
     """Fail clearly when this node cannot see SRC (or a folder DST) at the planned path."""
-    from fastfeed.storage.remote import is_url
-
     node = _node()
     where = os.path.join(sub.root, sub.manifest) if sub.manifest else sub.root
     if not is_url(where) and not os.path.exists(where):
@@ -104,7 +111,7 @@ def _check_visible(sub: PackPlan, local_dst: bool) -> None:
             f"{where}: not found on Ray node {node}; every node must see SRC at the same path "
             "(a shared file system), or pass SRC as a URL (s3://...)"
         )
-    if local_dst and not os.path.isfile(os.path.join(sub.dst, RESUME_DIR, "job.json")):
+    if local_dst and not os.path.isfile(os.path.join(sub.dst, JOB_RECORD)):
         raise DestinationError(
             f"{sub.dst}: not found on Ray node {node} (no {RESUME_DIR}/job.json there); with "
             "--engine ray, DST must be on a file system every node mounts at the same path, or an "
@@ -114,8 +121,6 @@ def _check_visible(sub: PackPlan, local_dst: bool) -> None:
 
 def _write_task(sub: PackPlan, dest: RemoteDest | None, version: str) -> tuple[ShardResult, str]:
     """One Ray task: write (or reuse) the single shard of ``sub``; returns (result, node)."""
-    from fastfeed import __version__
-
     if version != __version__:
         raise ConfigError(
             f"Ray node {_node()} runs fastfeed {__version__}, the driver {version}; install the same "
@@ -242,7 +247,7 @@ def run_ray(
         One :class:`~fastfeed.packing.write.ShardResult` per shard, in shard order.
 
     Raises:
-        SourceError: a bad input (``on_error="fail"``), exactly as the local engine.
+        SourceError: a bad input (``on_error="raise"``), exactly as the local engine.
         FastfeedError: a task kept failing; complete shards stay for a re-run.
 
     Example:
@@ -260,8 +265,6 @@ def run_ray(
 
 
 def _run(ray: Any, plan: PackPlan, dest: RemoteDest | None, max_retries: int, meter: _Meter) -> list[ShardResult]:
-    from fastfeed import __version__
-
     # SPREAD: shards are I/O-heavy and independent, so use every node's disks and network
     task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False,
                       scheduling_strategy="SPREAD")(_write_task)

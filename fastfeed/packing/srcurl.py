@@ -1,12 +1,12 @@
 """Pack sources on object storage (``fastfeed pack s3://bucket/train DST``), through fsspec.
 
-:func:`fastfeed.packing.walk.scan` hands URL sources to :func:`scan_url`, which lists the prefix
-once (``fs.find``) and then applies exactly the local checks and grouping of
-:mod:`fastfeed.packing.walk` (ImageFolder, files by key, JSONL manifests), so a prefix and a
-local copy of it give the same samples and the same skips. Names starting with ``.``
-are ignored, as locally; object stores have no symlinks, permissions bits or FIFOs, so
-those checks do not apply (an object that cannot be read fails, or is skipped, when
-its shard is written).
+:class:`UrlTree` is the object-store :class:`~fastfeed.packing.tree.Tree`:
+:func:`fastfeed.packing.walk.scan` lists a prefix once (``fs.find``) and then applies
+exactly the grouping and checks of a local folder (ImageFolder, files by key, JSONL
+manifests), so a prefix and a local copy of it give the same samples and the same skips.
+Names starting with ``.`` are ignored, as locally; object stores have no symlinks,
+permission bits or FIFOs, so those checks do not apply (an object that cannot be read
+fails, or is skipped, when its shard is written).
 
 Reading (:func:`read`, used by :func:`fastfeed.packing.write.read_source`) fetches whole
 objects or byte ranges with :func:`fastfeed.storage.remote.with_retries`. Credentials and
@@ -14,39 +14,104 @@ endpoints come from the environment (``AWS_*`` variables, ``~/.aws``): of the dr
 for planning, and of every node for ``--engine ray``.
 
 Example:
-    >>> src = scan_url("s3://bucket/train", input=None, on_error="fail")   # doctest: +SKIP
-    >>> src.kind, len(src.samples)                                          # doctest: +SKIP
-    ('imagefolder', 1281167)
+    >>> tree = UrlTree("s3://bucket/train")                                   # doctest: +SKIP
+    >>> files, top_dirs, ignored = tree.list(Problems("raise", tree.shown))   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
-from typing import IO, Any, NamedTuple
+import os
+from typing import IO, Any
 
-from fastfeed.errors import BadFileError, ConfigError, SourceError
-from fastfeed.storage.remote import filesystem, is_url, with_retries
+from fastfeed.errors import BadFileError, SourceError
+from fastfeed.formats.naming import is_hidden
+from fastfeed.packing.source import FileEntry, Problems
+from fastfeed.packing.tree import FileStat
+from fastfeed.storage.remote import filesystem, with_retries
 
-__all__ = ["UrlPath", "UrlStat", "is_url", "list_tree", "open_url", "read", "scan_url", "stat"]
-
-log = logging.getLogger("fastfeed.pack")
-
-#: (size, mtime_ns) of objects, filled by listings during one scan (see :func:`stat`).
-_LISTED: dict[str, tuple[int, int]] = {}
-_LISTED_DIRS: set[str] = set()
+__all__ = ["UrlTree", "read"]
 
 
-class UrlPath(str):
-    """A URL with the two ``Path`` attributes :mod:`fastfeed.packing.walk` uses (``parent``, ``name``)."""
+class UrlTree:
+    """A prefix on an fsspec file system (see :class:`~fastfeed.packing.tree.Tree`).
 
-    @property
-    def parent(self) -> "UrlPath":
-        return UrlPath(self.rstrip("/").rsplit("/", 1)[0])
+    Listings are kept for the life of the object, so the stat of every file a JSONL
+    manifest names costs one listing per folder, not one request per file.
+    """
 
-    @property
-    def name(self) -> str:
-        return self.rstrip("/").rsplit("/", 1)[-1]
+    noun = "object"
+    folder = "prefix"
+    container = "prefix (a folder)"
+
+    def __init__(self, root: str) -> None:
+        self.root = self.shown = root.rstrip("/")
+        self._listed: dict[str, FileStat] = {}
+        self._listed_dirs: set[str] = set()
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
+        """Every object under the root (files sorted by relative path); SourceError when none."""
+        fs, root = filesystem(self.root)
+        root = root.rstrip("/")
+        entries = with_retries(lambda: fs.find(root, withdirs=True, detail=True), self.root, "list")
+        files: list[FileEntry] = []
+        top_dirs: set[str] = set()
+        ignored: set[str] = set()
+        for path, info in entries.items():
+            rel = path.rstrip("/")[len(root):].lstrip("/")
+            if not rel:
+                continue
+            parts = rel.split("/")
+            hidden = next((i for i, p in enumerate(parts) if is_hidden(p)), None)
+            if hidden is not None:
+                ignored.add("/".join(parts[: hidden + 1]))
+                continue
+            if len(parts) > 1 or info.get("type") == "directory":
+                top_dirs.add(parts[0])
+            if info.get("type") == "directory":
+                continue
+            found = FileStat(int(info.get("size") or 0), _mtime_ns(info))
+            self._listed[fs.unstrip_protocol(path)] = found
+            files.append(FileEntry(rel, *found))
+        self._listed_dirs.add(self.root)
+        if not files:
+            raise SourceError(f"{self.root}: no objects under this prefix; pass the prefix or JSONL manifest "
+                              "to pack (and check the credentials and endpoint)")
+        files.sort()
+        return files, sorted(top_dirs), sorted(ignored)
+
+    def stat(self, path: str) -> FileStat | None:
+        """Size and mtime of the object at ``path``, or None; the first question about a
+        folder lists it (one paged request)."""
+        url = self.path(path).rstrip("/")
+        folder = url.rsplit("/", 1)[0]
+        if folder not in self._listed_dirs:
+            fs, fpath = filesystem(folder)
+
+            def ls() -> list[dict[str, Any]]:
+                try:
+                    return list(fs.ls(fpath, detail=True))
+                except FileNotFoundError:
+                    return []
+
+            for info in with_retries(ls, folder, "list"):
+                if info.get("type") != "directory":
+                    self._listed[fs.unstrip_protocol(str(info["name"]))] = FileStat(
+                        int(info.get("size") or 0), _mtime_ns(info))
+            self._listed_dirs.add(folder)
+        return self._listed.get(url)
+
+    def readable(self, path: str) -> bool:
+        return True  # no permission bits to check up front: reading tells
+
+    def open(self, path: str) -> IO[bytes]:
+        """Open an object for reading (a seekable fsspec file)."""
+        url = self.path(path)
+        fs, fpath = filesystem(url)
+        return with_retries(lambda: fs.open(fpath, "rb"), url, "open")
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:
@@ -64,80 +129,6 @@ def _mtime_ns(info: dict[str, Any]) -> int:
         except ValueError:
             continue
     return 0
-
-
-def _url(fs: Any, path: str) -> str:
-    return fs.unstrip_protocol(path)
-
-
-def list_tree(url: str) -> tuple[list[Any], list[str], list[str]]:
-    """List every object under ``url``: (files, top-level folders, ignored names), as
-    :func:`fastfeed.packing.walk._list` does for a local folder (files sorted by relative path)."""
-    from fastfeed.packing.walk import _File
-
-    fs, root = filesystem(url)
-    root = root.rstrip("/")
-    entries = with_retries(lambda: fs.find(root, withdirs=True, detail=True), url, "list")
-    files: list[_File] = []
-    top_dirs: set[str] = set()
-    ignored: set[str] = set()
-    for path, info in entries.items():
-        rel = path.rstrip("/")[len(root):].lstrip("/")
-        if not rel:
-            continue
-        parts = rel.split("/")
-        hidden = next((i for i, p in enumerate(parts) if p.startswith(".")), None)
-        if hidden is not None:
-            ignored.add("/".join(parts[: hidden + 1]))
-            continue
-        if len(parts) > 1 or info.get("type") == "directory":
-            top_dirs.add(parts[0])
-        if info.get("type") == "directory":
-            continue
-        size, mtime = int(info.get("size") or 0), _mtime_ns(info)
-        _LISTED[_url(fs, path)] = (size, mtime)
-        files.append(_File(rel, size, mtime))
-    _LISTED_DIRS.add(url.rstrip("/"))
-    files.sort()
-    return files, sorted(top_dirs), sorted(ignored)
-
-
-class UrlStat(NamedTuple):
-    """The two fields of ``os.stat_result`` that :mod:`fastfeed.packing.walk` reads."""
-
-    st_size: int
-    st_mtime_ns: int
-
-
-def stat(url: str) -> UrlStat | None:
-    """Size and modification time of the object at ``url``, or None when there is none.
-
-    The first question about a folder lists it (one paged request, not one per object),
-    so checking the files a JSONL manifest names costs a listing per folder.
-    """
-    url = url.rstrip("/")
-    folder = url.rsplit("/", 1)[0]
-    if folder not in _LISTED_DIRS:
-        fs, path = filesystem(folder)
-
-        def ls() -> list[dict[str, Any]]:
-            try:
-                return list(fs.ls(path, detail=True))
-            except FileNotFoundError:
-                return []
-
-        for info in with_retries(ls, folder, "list"):
-            if info.get("type") != "directory":
-                _LISTED[_url(fs, str(info["name"]))] = (int(info.get("size") or 0), _mtime_ns(info))
-        _LISTED_DIRS.add(folder)
-    found = _LISTED.get(url)
-    return None if found is None else UrlStat(*found)
-
-
-def open_url(url: str) -> IO[bytes]:
-    """Open an object for reading (a seekable fsspec file)."""
-    fs, path = filesystem(url)
-    return with_retries(lambda: fs.open(path, "rb"), url, "open")
 
 
 def read(url: str, size: int, offset: int | None = None) -> bytes:
@@ -163,45 +154,3 @@ def read(url: str, size: int, offset: int | None = None) -> bytes:
     if len(data) != size:
         raise BadFileError(f"{url}: changed while packing ({len(data)} bytes, planned {size}); re-run pack")
     return data
-
-
-def scan_url(url: str, *, input: str | None, on_error: str, length: str | None = None,
-             probe_threads: int = 8) -> Any:
-    """:func:`fastfeed.packing.walk.scan` for a prefix or a JSONL manifest on object storage."""
-    from fastfeed.packing import walk
-    from fastfeed.packing.manifest import manifest_source
-
-    _LISTED.clear()
-    _LISTED_DIRS.clear()
-    try:
-        return _scan(walk, UrlPath(url.rstrip("/")), input, on_error, length, probe_threads)
-    finally:
-        _LISTED.clear()
-        _LISTED_DIRS.clear()
-
-
-def _scan(walk: Any, path: UrlPath, kind: str | None, on_error: str, length: str | None,
-          probe_threads: int) -> Any:
-    problems = walk.Problems(on_error, str(path))
-    info = stat(path)
-    if info is not None:  # an object: a manifest
-        source = manifest_source(path, kind, problems, noun="object", container="prefix (a folder)")
-    elif kind == "jsonl":
-        raise ConfigError(f"{path}: is a prefix, but --input jsonl needs a manifest object")
-    else:
-        files, top_dirs, ignored = list_tree(path)
-        if not files:
-            raise SourceError(f"{path}: no objects under this prefix; pass the prefix or JSONL manifest "
-                              "to pack (and check the credentials and endpoint)")
-        if kind is None:
-            kind, why = walk._detect(files, top_dirs)
-            log.info("%s: packing as %s (%s)", path, kind, why)
-        if kind == "imagefolder":
-            source = walk._imagefolder(str(path), files, top_dirs, problems)
-        else:
-            source = walk._files(str(path), files, problems)
-        if source.ignored:
-            log.warning("%s: %d file(s) at the top level of an ImageFolder are not samples: %s",
-                        path, len(source.ignored), ", ".join(walk.show(p) for p in source.ignored[:5]))
-        source.ignored = ignored + source.ignored
-    return walk._finish(source, problems, str(path), on_error, length, probe_threads)

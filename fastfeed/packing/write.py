@@ -36,14 +36,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from fastfeed.decode import roi
 from fastfeed.errors import BadFileError, SourceError
 from fastfeed.formats import FORMATS
+from fastfeed.formats.images import decode_errors, looks_like_image, reencode
+from fastfeed.formats.naming import is_image
 from fastfeed.formats.tar import TarShardWriter
-from fastfeed.formats.images import decode_errors, is_image_field, reencode, sniff
 from fastfeed.packed.index import atomic_write_bytes
-from fastfeed.packing.plan import RESUME_DIR, PackPlan, ShardPlan
+from fastfeed.packed.layout import resume_record
+from fastfeed.packing.plan import PackPlan, ShardPlan
+from fastfeed.packing.source import (
+    Member,
+    SampleSpec,
+    parse_length,
+    resolve_length_member,
+    show,
+)
+from fastfeed.packing.srcurl import read as read_url
 from fastfeed.storage.remote import is_url
-from fastfeed.packing.walk import Member, SampleSpec, parse_length, resolve_length_member, show
 
 __all__ = ["ShardResult", "read_source", "shard_fingerprint", "write_shard"]
 
@@ -126,9 +136,7 @@ def read_source(path: str, size: int, offset: int | None = None) -> bytes:
         BadFileError: unreadable, or changed since it was planned.
     """
     if is_url(path):  # a source on object storage
-        from fastfeed.packing.srcurl import read
-
-        return read(path, size, offset)
+        return read_url(path, size, offset)
     try:
         fd = os.open(path, _O_READ)
     except OSError as e:
@@ -188,7 +196,7 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
                                "fix or remove the file, or pass --on-error skip") from None
             files += 1
             nbytes += len(data)
-            if is_image_field(m.field):
+            if is_image(m.field):
                 data = _check_image(plan, m, data)
         elif m.data is not None:
             data = m.data
@@ -222,7 +230,7 @@ def _manifest_record(plan: PackPlan, spec: SampleSpec) -> dict[str, Any]:
 
 
 def _check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
-    if sniff(data[:32]) is None:
+    if not looks_like_image(data[:32], m.field):
         raise _Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
                        f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
     opts = plan.options
@@ -241,8 +249,6 @@ def _with_restarts(data: bytes) -> bytes:
     """The JPEG with a restart marker after every MCU, losslessly (same DCT coefficients,
     re-optimised Huffman tables), so the loader decodes a crop's MCUs only; a JPEG libjpeg
     cannot transcode cleanly (corrupt data, CMYK) is stored as it was."""
-    from fastfeed.decode import roi
-
     head = roi.header(data)
     if head is None or not head[2]:  # unreadable header, CMYK/YCCK: stored as it was
         return data
@@ -402,7 +408,7 @@ def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
 
 
 def _record_path(plan: PackPlan, shard: ShardPlan) -> Path:
-    return Path(plan.dst) / RESUME_DIR / (shard.name.rsplit(".", 1)[0] + ".json")
+    return Path(plan.dst) / resume_record(shard.name)
 
 
 def _reusable(plan: PackPlan, shard: ShardPlan, fingerprint: str) -> ShardResult | None:
@@ -444,7 +450,7 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
         progress: called with increments ``(files, bytes)`` of source data handled.
 
     Raises:
-        SourceError: a bad input met while writing, with ``on_error="fail"``.
+        SourceError: a bad input met while writing, with ``on_error="raise"``.
 
     Example:
         >>> result = write_shard(plan, 0)   # doctest: +SKIP
@@ -488,7 +494,7 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         last = time.monotonic()
         for spec, loaded in _loaded(plan, shard.samples):
             if isinstance(loaded, _Problem):
-                if plan.options.on_error == "fail":
+                if plan.options.on_error != "skip":
                     raise loaded.error(plan.root)
                 skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
                 continue

@@ -24,7 +24,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastfeed.errors import ConfigError
-from fastfeed.sampling.planning import CostFn
+from fastfeed.sampling.planning import CostFn, co_batch_repeat_rate
+from fastfeed.sampling.samplers import (
+    DistributedLengthBucketSampler,
+    DistributedTokenBudgetSampler,
+    resolve_lengths,
+)
 
 __all__ = ["BalanceReport", "BalanceStats", "balance_report", "co_batch_repeat_rate",
            "distributed_sampler_batches", "epoch_stats"]
@@ -87,41 +92,6 @@ def epoch_stats(name: str, counts: np.ndarray, maxlen: np.ndarray, sum_l: np.nda
         wait_share=float((slow[:, None] - c).sum() / (W * epoch)) if epoch else 0.0,
         epoch_cost=epoch, real_tokens_per_step=real / max(1, counts.shape[0]),
         tokens_per_cost=real / epoch if epoch else 0.0)
-
-
-def _batch_of(plan: Any, num_samples: int) -> np.ndarray:
-    """Global batch number of every sample in ``plan`` (-1 when not drawn; last draw wins)."""
-    bid = np.full(num_samples, -1, dtype=np.int64)
-    order = np.argsort(plan.starts.ravel(), kind="stable")  # batches in layout order
-    bid[plan.samples] = np.repeat(order, plan.counts.ravel()[order])
-    return bid
-
-
-def co_batch_repeat_rate(plan_a: Any, plan_b: Any, num_samples: int) -> tuple[float, float]:
-    """How much batch composition repeats between two epochs' plans.
-
-    Returns ``(per_sample, pairwise)``: the mean over samples of the share of its
-    batch-mates in ``plan_a`` that are its batch-mates again in ``plan_b``; and the
-    share of all pairs sharing a batch in ``plan_a`` that share one in ``plan_b``
-    (dominated by the largest batches). Random batches give about batch size / N.
-
-    Example:
-        >>> from fastfeed.sampling.samplers import DistributedLengthBucketSampler
-        >>> s = DistributedLengthBucketSampler(np.arange(1, 10001), batch_size=8, num_replicas=2, rank=0)
-        >>> per_sample, pairs = co_batch_repeat_rate(s.epoch_plan(0), s.epoch_plan(1), 10000)
-        >>> per_sample < 0.1
-        True
-    """
-    a, b = _batch_of(plan_a, num_samples), _batch_of(plan_b, num_samples)
-    ok = (a >= 0) & (b >= 0)
-    a, b = a[ok], b[ok]
-    size_a = np.bincount(a)[a]
-    _, inv, both = np.unique(a * (int(b.max()) + 1) + b, return_inverse=True, return_counts=True)
-    size_ab = both[inv]
-    multi = size_a > 1
-    per_sample = float(np.mean((size_ab[multi] - 1) / (size_a[multi] - 1))) if multi.any() else 0.0
-    pairs_a = float(np.sum(size_a - 1))
-    return per_sample, float(np.sum(size_ab - 1)) / pairs_a if pairs_a else 0.0
 
 
 def distributed_sampler_batches(lengths: np.ndarray, *, world_size: int, batch_size: int, seed: int = 0,
@@ -229,8 +199,6 @@ def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = No
         >>> r = balance_report([100, 900] * 500, world_size=4, batch_size=8)
         >>> print(r.table())  # doctest: +SKIP
     """
-    from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler, resolve_lengths
-
     if (batch_size is None) == (max_cost is None):
         raise ConfigError("give exactly one of batch_size (fixed batches) or max_cost (a cost budget)")
     lens = resolve_lengths(lengths)

@@ -43,8 +43,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from fastfeed.sampling.costmodel import CostModel, fit_cost_model
 from fastfeed.errors import ConfigError
+from fastfeed.sampling.costmodel import CostModel, fit_cost_model
+from fastfeed.sampling.samplers import resolve_lengths
 
 __all__ = ["ShapeSetupWarning", "calibrate", "design_shapes"]
 
@@ -209,8 +210,6 @@ def calibrate(
         The fitted model; ``model.fit`` holds its quality (median and worst error),
         ``model.meta["first_call_extra_s"]`` the median per-shape setup cost.
     """
-    from fastfeed.sampling.samplers import resolve_lengths
-
     if call_with not in ("lengths", "indices"):
         raise ConfigError(f"call_with={call_with!r} must be 'lengths' or 'indices'")
     if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:

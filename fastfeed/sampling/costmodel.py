@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from fastfeed.errors import ConfigError
+from fastfeed.packed.index import atomic_write_bytes
 
 __all__ = [
     "FEATURES",
@@ -260,8 +261,6 @@ class CostModel:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as a small JSON file (atomically); returns the path."""
-        from fastfeed.packed.index import atomic_write_bytes
-
         path = Path(path)
         atomic_write_bytes(path, (json.dumps(self.to_json(), indent=1) + "\n").encode("utf-8"))
         return path

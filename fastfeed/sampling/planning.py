@@ -34,10 +34,17 @@ from typing import Callable
 import numpy as np
 
 from fastfeed.errors import ConfigError
-from fastfeed.sampling.splitting import CostFn, batch_features, by_value, ranges, split_steps
+from fastfeed.sampling.splitting import (
+    CostFn,
+    batch_features,
+    by_value,
+    ranges,
+    split_steps,
+)
 
 # CostFn and by_value live in fastfeed.sampling.splitting and are re-exported here for convenience
-__all__ = ["CostFn", "Plan", "adaptive_jitter", "by_value", "jittered_order", "plan_budget", "plan_fixed"]
+__all__ = ["CostFn", "Plan", "adaptive_jitter", "by_value", "co_batch_repeat_rate", "jittered_order", "plan_budget",
+           "plan_fixed"]
 
 
 
@@ -298,3 +305,39 @@ def plan_budget(lengths: np.ndarray, *, world_size: int, max_cost: float, seed: 
         return _empty_plan(W, dropped)
     return _finish(ids, ls, bounds, W, cost, rng, balanced=True, max_cost=max_cost,
                    repeats=repeats, dropped=dropped)
+
+
+# ---------------------------------------------------------------------- how plans differ
+def _batch_of(plan: Plan, num_samples: int) -> np.ndarray:
+    """Global batch number of every sample in ``plan`` (-1 when not drawn; last draw wins)."""
+    bid = np.full(num_samples, -1, dtype=np.int64)
+    order = np.argsort(plan.starts.ravel(), kind="stable")  # batches in layout order
+    bid[plan.samples] = np.repeat(order, plan.counts.ravel()[order])
+    return bid
+
+
+def co_batch_repeat_rate(plan_a: Plan, plan_b: Plan, num_samples: int) -> tuple[float, float]:
+    """How much batch composition repeats between two epochs' plans.
+
+    Returns ``(per_sample, pairwise)``: the mean over samples of the share of its
+    batch-mates in ``plan_a`` that are its batch-mates again in ``plan_b``; and the
+    share of all pairs sharing a batch in ``plan_a`` that share one in ``plan_b``
+    (dominated by the largest batches). Random batches give about batch size / N.
+
+    Example:
+        >>> from fastfeed.sampling.samplers import DistributedLengthBucketSampler
+        >>> s = DistributedLengthBucketSampler(np.arange(1, 10001), batch_size=8, num_replicas=2, rank=0)
+        >>> per_sample, pairs = co_batch_repeat_rate(s.epoch_plan(0), s.epoch_plan(1), 10000)
+        >>> per_sample < 0.1
+        True
+    """
+    a, b = _batch_of(plan_a, num_samples), _batch_of(plan_b, num_samples)
+    ok = (a >= 0) & (b >= 0)
+    a, b = a[ok], b[ok]
+    size_a = np.bincount(a)[a]
+    _, inv, both = np.unique(a * (int(b.max()) + 1) + b, return_inverse=True, return_counts=True)
+    size_ab = both[inv]
+    multi = size_a > 1
+    per_sample = float(np.mean((size_ab[multi] - 1) / (size_a[multi] - 1))) if multi.any() else 0.0
+    pairs_a = float(np.sum(size_a - 1))
+    return per_sample, float(np.sum(size_ab - 1)) / pairs_a if pairs_a else 0.0

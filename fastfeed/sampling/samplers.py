@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import logging
 import math
 import os
@@ -50,16 +51,24 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from fastfeed.sampling.costmodel import CostModel
+from fastfeed._util import parse_duration
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError, StateError
-from fastfeed.sampling.planning import CostFn, Plan, plan_budget, plan_fixed
+from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
+from fastfeed.sampling.costmodel import CostModel
+from fastfeed.sampling.planning import (
+    CostFn,
+    Plan,
+    co_batch_repeat_rate,
+    plan_budget,
+    plan_fixed,
+)
 
 __all__ = ["DistributedLengthBucketSampler", "DistributedTokenBudgetSampler", "resolve_lengths"]
 
 log = logging.getLogger(__name__)
 
-LengthsSource = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
+LengthsLike = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
 CostSpec = Union[str, CostModel, Callable[[np.ndarray], float]]
 _STATE_VERSION = 1
 DEFAULT_JITTER = 0.03
@@ -77,12 +86,12 @@ AUTO_MAX_SAMPLES = 4_000_000
 
 
 # ---------------------------------------------------------------------- lengths
-def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
+def resolve_lengths(lengths: LengthsLike, *, num_samples: int | None = None,
                     cache: str | os.PathLike[str] | None = None) -> np.ndarray:
     """Per-sample lengths as a validated int64 array.
 
     Args:
-        source: a numpy array or sequence of lengths; a packed dataset (path or URL of a
+        lengths: a numpy array or sequence of lengths; a packed dataset (path or URL of a
             folder with ``index.json``, or a :class:`~fastfeed.packed.index.DatasetIndex`) whose
             lengths ``fastfeed pack --length`` recorded; a ``.npy`` file; a callable
             ``f() -> lengths``; or a callable ``f(i) -> length`` with ``num_samples``.
@@ -96,25 +105,23 @@ def resolve_lengths(source: LengthsSource, *, num_samples: int | None = None,
         >>> resolve_lengths(lambda i: 10 * i, num_samples=3).tolist()
         [0, 10, 20]
     """
-    from fastfeed.packed.index import DatasetIndex
-
     where = "lengths"
-    if isinstance(source, DatasetIndex):
-        arr, where = _index_lengths(source, source.root or "the index")
-    elif isinstance(source, (str, os.PathLike)):
-        where = str(source)
+    if isinstance(lengths, DatasetIndex):
+        arr, where = _index_lengths(lengths, lengths.root or "the index")
+    elif isinstance(lengths, (str, os.PathLike)):
+        where = str(lengths)
         if where.endswith(".npy"):
             try:
                 arr = np.load(where, allow_pickle=False)
             except FileNotFoundError:
                 raise ConfigError(f"{where}: no such lengths file") from None
         else:
-            arr, where = _index_lengths(DatasetIndex.load(source), where)
-    elif callable(source) and not isinstance(source, np.ndarray):
-        arr = _cached_call(source, num_samples, cache)
-        where = f"lengths from {getattr(source, '__qualname__', 'a callable')}"
+            arr, where = _index_lengths(DatasetIndex.load(lengths), where)
+    elif callable(lengths) and not isinstance(lengths, np.ndarray):
+        arr = _cached_call(lengths, num_samples, cache)
+        where = f"lengths from {getattr(lengths, '__qualname__', 'a callable')}"
     else:
-        arr = np.asarray(source)
+        arr = np.asarray(lengths)
     return _validate_lengths(arr, where)
 
 
@@ -145,9 +152,6 @@ def _cached_call(fn: Callable[..., Any], num_samples: int | None,
     else:
         arr = np.fromiter((fn(i) for i in range(num_samples)), dtype=np.int64, count=num_samples)
     if cache is not None:
-        from fastfeed.packed.index import atomic_write_bytes
-        import io
-
         buf = io.BytesIO()
         np.save(buf, np.asarray(arr, dtype=np.int64), allow_pickle=False)
         atomic_write_bytes(cache, buf.getvalue())
@@ -197,7 +201,7 @@ def resolve_cost(cost: CostSpec) -> CostModel | Callable[[np.ndarray], float]:
 class _LengthSampler:
     """Shared machinery: world, epochs, plan cache, iteration, state."""
 
-    def __init__(self, lengths: LengthsSource, *, num_replicas: int | None, rank: int | None,
+    def __init__(self, lengths: LengthsLike, *, num_replicas: int | None, rank: int | None,
                  seed: int, shuffle: bool, drop_last: bool, jitter: float | str, cost: CostSpec,
                  num_samples: int | None, adaptive_jitter: bool = True) -> None:
         self.rank, self.num_replicas = resolve_world(rank, num_replicas)
@@ -234,7 +238,7 @@ class _LengthSampler:
         """The smallest of :data:`AUTO_JITTERS` whose plans repeat co-batches little enough.
 
         For each jitter, smallest first, plan epochs 0 and 1 and measure the per-sample
-        co-batch repeat (:func:`fastfeed.sampling.balance.co_batch_repeat_rate`) and epoch 0's
+        co-batch repeat (:func:`fastfeed.sampling.planning.co_batch_repeat_rate`) and epoch 0's
         padding efficiency. Stop at the first with repeat <= :data:`AUTO_REPEAT_TARGET`.
         Do not go on past a jitter whose padding falls under :data:`AUTO_PADDING_FLOOR`:
         then the largest jitter that kept the floor is used and the trade-off is logged
@@ -247,8 +251,6 @@ class _LengthSampler:
             self.jitter_report = {"jitter": DEFAULT_JITTER, "why": "default (no shuffle, or too many samples "
                                   "to measure)" if n >= 2 else "default"}
             return DEFAULT_JITTER
-        from fastfeed.sampling.balance import co_batch_repeat_rate
-
         tried: list[tuple[float, float, float]] = []
         for j in AUTO_JITTERS:
             first = self._plan(0, j)
@@ -414,7 +416,7 @@ class DistributedLengthBucketSampler(_LengthSampler):
         (2, [2, 2])
     """
 
-    def __init__(self, lengths: LengthsSource, *, batch_size: int, num_replicas: int | None = None,
+    def __init__(self, lengths: LengthsLike, *, batch_size: int, num_replicas: int | None = None,
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
                  jitter: float | str = "auto", adaptive_jitter: bool = True, cost: CostSpec = "tokens",
                  num_samples: int | None = None) -> None:
@@ -461,7 +463,7 @@ class DistributedTokenBudgetSampler(_LengthSampler):
         [400, 400]
     """
 
-    def __init__(self, lengths: LengthsSource, *, max_cost: float | str, cost: CostSpec = "tokens",
+    def __init__(self, lengths: LengthsLike, *, max_cost: float | str, cost: CostSpec = "tokens",
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, jitter: float | str = "auto",
                  adaptive_jitter: bool = True, oversize: str = "error", num_samples: int | None = None) -> None:
@@ -506,8 +508,6 @@ class DistributedTokenBudgetSampler(_LengthSampler):
 
 def _parse_budget(max_cost: float | str, cost: Any) -> float:
     if isinstance(max_cost, str):
-        from fastfeed._util import parse_duration
-
         if not (isinstance(cost, CostModel) and cost.unit == "seconds"):
             raise ConfigError(f"max_cost={max_cost!r} is a duration, but the cost is not a fitted model in seconds")
         value = parse_duration(max_cost, "max_cost")

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fastfeed.sampling.costmodel import CostModel
 from fastfeed.errors import ConfigError
+from fastfeed.sampling.costmodel import CostModel
 
 __all__ = ["CostFn", "batch_features", "by_value", "ranges", "split_steps"]
 

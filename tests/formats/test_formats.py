@@ -9,7 +9,7 @@ import pytest
 
 from fastfeed.errors import SampleError
 from fastfeed.formats import FORMATS, split_key
-from fastfeed.formats.tar import scan_tar
+from fastfeed.formats.wds import scan_tar
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -42,7 +42,7 @@ def test_tar_is_standard_and_deterministic(tmp_path: Path) -> None:
             names = tf.getnames()
             assert names == ["a/" + "x" * 150 + ".txt", "b.json", "b.txt"]
             assert all(m.mtime == 0 and m.uid == 0 for m in tf.getmembers())
-        assert [k for k, _, _ in scan_tar(p)] == ["a/" + "x" * 150, "b"]
+        assert scan_tar(p).keys == ["a/" + "x" * 150, "b"]
     assert outs[0] == outs[1]
 
 
@@ -55,6 +55,18 @@ def test_tar_truncated_read_names_shard(tmp_path: Path) -> None:
     p.write_bytes(p.read_bytes()[:1500])
     with pytest.raises(SampleError, match="s.tar: truncated at offset 0"):
         reader_cls(p).read(off, size)
+
+
+def test_missing_lmdb_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lmdb is a core dependency: the message names ``pip install lmdb``, not an extra."""
+    import sys
+
+    from fastfeed.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "lmdb", None)
+    with pytest.raises(MissingDependencyError, match="pip install lmdb") as e:
+        FORMATS["lmdb"][0](tmp_path / "s.lmdb")
+    assert "fastfeed[" not in str(e.value)
 
 
 def test_split_key() -> None:

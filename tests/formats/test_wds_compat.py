@@ -19,7 +19,9 @@ import pytest
 from fastfeed.decode.fields import decode_field, decode_fields, is_image
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.formats.tar import TarShardReader
-from fastfeed.formats.wds import expand_braces, expand_shards, open_index, scan_index, webdataset_key
+from fastfeed.formats.naming import split_key
+from fastfeed.packed.foreign import open_index, scan_index
+from fastfeed.storage.shardlist import expand_braces, expand_shards
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.storage.remote import open_shard
 
@@ -159,7 +161,7 @@ def test_key_rules_match_webdataset(tmp_path: Path, fmt: int) -> None:
     assert ours == theirs
 
 
-def test_webdataset_key_function_against_webdataset() -> None:
+def test_split_key_matches_webdataset() -> None:
     from webdataset.tariterators import base_plus_ext
 
     names = [n for n, _, _ in EDGE_NAMES] + [
@@ -170,7 +172,7 @@ def test_webdataset_key_function_against_webdataset() -> None:
         want = None if ref == (None, None) else (ref[0], ref[1].lower())
         if name.startswith("__") and name.split("/", 1)[0].endswith("__"):
             want = None  # skipped by webdataset's meta rule before keys are made
-        assert webdataset_key(name) == want, name
+        assert split_key(name) == want, name
 
 
 def test_shards_with_brace_pattern_and_gzip(tmp_path: Path) -> None:
@@ -369,7 +371,7 @@ def test_remote_prefix_that_does_not_exist(s3_server: Any, s3_bucket: str) -> No
 
 def test_unfinished_pack_is_not_mistaken_for_webdataset(tmp_path: Path) -> None:
     from fastfeed.errors import IndexMismatchError
-    from fastfeed.packing.plan import RESUME_DIR
+    from fastfeed.packed.layout import RESUME_DIR
 
     (tmp_path / "shard-000000.tar").write_bytes(_tar_bytes(3))
     (tmp_path / RESUME_DIR).mkdir()

@@ -38,6 +38,14 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _size(path: Path) -> int:
+    """Size of ``path``, 0 when it is gone (a temporary file renamed since the listing)."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
 def _kill_mid_shard(src: Path, dst: Path, args: list[str], *, whole_group: bool) -> tuple[list[str], list[str]]:
     """Start the CLI and SIGKILL it (all its processes, or the pack command only) as soon as a
     shard is complete and another one is half written; return (complete, partial) names."""
@@ -48,7 +56,7 @@ def _kill_mid_shard(src: Path, dst: Path, args: list[str], *, whole_group: bool)
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             names = os.listdir(dst) if dst.is_dir() else []
-            partial = [n for n in names if n.endswith(".tmp") and os.path.getsize(dst / n) > 0]
+            partial = [n for n in names if n.endswith(".tmp") and _size(dst / n) > 0]
             if partial and any(n.endswith(".tar") for n in names):
                 if whole_group:
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -146,6 +146,17 @@ def test_object_shorter_than_the_index_is_a_shard_error(
     assert sleeps == []  # not mistaken for a network error
 
 
+def test_one_is_url_for_storage_and_the_index() -> None:
+    """The index joins and loads with storage's is_url: file:// and plain paths are local."""
+    from fastfeed.packed import index
+    from fastfeed.storage.remote import is_url
+
+    assert is_url("s3://b/k") and not is_url("/data/x") and not is_url("file:///data/x")
+    assert not hasattr(index, "_is_url")
+    assert index.join("s3://b/ds/", "index.json") == "s3://b/ds/index.json"
+    assert index.join("/data/ds", "index.json") == "/data/ds/index.json"
+
+
 def test_local_paths_pass_through(tmp_path: Path) -> None:
     make_shard(tmp_path / "s.tar", 2)
     assert open_shard(str(tmp_path / "s.tar"), cache_dir=tmp_path / "c") == str(tmp_path / "s.tar")

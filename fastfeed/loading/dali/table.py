@@ -23,7 +23,7 @@ import numpy as np
 
 from fastfeed.decode.fields import is_image, last_ext
 from fastfeed.errors import ConfigError, IndexMismatchError
-from fastfeed.formats.tar import split_key
+from fastfeed.formats.naming import split_key
 from fastfeed.packed.index import DatasetIndex, join
 from fastfeed.storage.remote import filesystem, is_url, read_bytes
 
