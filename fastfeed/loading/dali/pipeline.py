@@ -30,7 +30,7 @@ import os
 import re
 import time
 import weakref
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -51,11 +51,10 @@ from fastfeed.loading.dali.feed import (
     where,
 )
 from fastfeed.loading.dali.table import SampleTable, sample_table
-from fastfeed.loading.dali.backend import DaliOptions
-from fastfeed.errors import ConfigError, FastfeedError, SampleError
+from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.api import STATE_VERSION, check_state
-from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
+from fastfeed.loading.cursor import EpochCursor, Resumable
+from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.stats import LoaderStats
 
 __all__ = ["DaliLoader", "build_pipeline"]
@@ -109,7 +108,7 @@ def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -
 ENCODED, META = "ff_encoded", "ff_meta"
 
 
-def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
+def build_pipeline(d: Any, o: LoaderOptions, seed: int) -> Any:
     """Define and build fastfeed's DALI pipeline, fed batch by batch through two inputs:
     :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
     :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
@@ -130,7 +129,7 @@ def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
         labels = meta[LABEL]
         if o.augment:
             images = fn.decoders.image_random_crop(
-                encoded, random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
+                encoded, random_area=list(o.crop_scale), random_aspect_ratio=list(o.crop_ratio),
                 num_attempts=10, **decoder)
             images = fn.resize(images, resize_x=w, resize_y=h)
             mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
@@ -152,7 +151,7 @@ def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
     return pipe
 
 
-def _center_box(d: Any, encoded: Any, o: DaliOptions) -> tuple[Any, Any]:
+def _center_box(d: Any, encoded: Any, o: LoaderOptions) -> tuple[Any, Any]:
     """The CPU path's evaluation crop (:func:`fastfeed.decode.geometry.center_crop`) as DALI
     graph arithmetic on each image's header size: (top, left) and (height, width)."""
     import nvidia.dali.math as dmath
@@ -167,36 +166,41 @@ def _center_box(d: Any, encoded: Any, o: DaliOptions) -> tuple[Any, Any]:
     return d.fn.stack(top, left), d.fn.stack(h, w)
 
 
-def _pipeline_seed(o: DaliOptions, epoch: int, step: int, builds: int) -> int:
+def _pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int) -> int:
     ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
     return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
 
-class DaliLoader:
+class DaliLoader(Resumable):
     """Batches of GPU-decoded images in fastfeed's order (see :mod:`fastfeed.loading.dali.backend`).
 
     Not a ``torch.utils.data.DataLoader`` (nothing here is a Dataset with workers), so
     Lightning and Accelerate pass it through untouched instead of re-wrapping its sampler.
+    ``len``, ``epoch``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are those of
+    the CPU loader (:class:`~fastfeed.loading.cursor.Resumable` over the same
+    :class:`~fastfeed.loading.cursor.EpochCursor`): without ``set_epoch`` every new pass
+    runs the next epoch, finished or abandoned; only the newest iterator delivers batches.
 
     Attributes:
         batch_size: samples per batch.
-        options: the validated :class:`~fastfeed.loading.dali.backend.DaliOptions`.
+        options: the validated :class:`~fastfeed.loading.options.LoaderOptions` (DALI
+            knobs and ``device_id`` resolved).
         index: the dataset index.
+        rank, world_size: this process's place in the job.
         stats: per-step wait times, throughput and skipped samples.
     """
 
-    def __init__(self, index: DatasetIndex, options: DaliOptions, *, dali: Any,
-                 cache_dir: Any = None, cache_size: str | int = "50GB",
-                 storage_options: Any = None, log_every: int | None = None) -> None:
+    def __init__(self, index: DatasetIndex, options: LoaderOptions, *, dali: Any) -> None:
         self.index = index
         self.options = options
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
-        self.stats = LoaderStats(log_every=log_every)
+        self.stats = LoaderStats(log_every=options.log_every)
+        self._cursor = EpochCursor.for_options(index, options)
         self._dali = dali
-        self._maps = ShardMaps(index, cache_dir=cache_dir, cache_size=cache_size,
-                               storage_options=storage_options)
-        self._table = _table(index, options.image_field, storage_options)
+        self._maps = ShardMaps(index, cache_dir=options.cache_dir, cache_size=options.cache_size,
+                               storage_options=options.storage_options)
+        self._table = _table(index, options.image_field, options.storage_options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
@@ -205,21 +209,14 @@ class DaliLoader:
         # counts for the others): "cls" when labels come from the index, "txt", "json", ...
         self._other = [e for e in self._table.exts
                        if e != self._label_field and self._beside_image(e).any()]
-        self._num_batches = num_batches(index.num_samples, world_size=options.world_size,
-                                        batch_size=options.batch_size, drop_last=options.drop_last)
-        self._plans: dict[int, EpochPlan] = {}
-        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg(),
+        self._num_batches = self._cursor.num_batches
+        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
         self._pipe: Any = None
         self._dynamic = False  # the pipeline runs DALI's dynamic executor
         self._builds = 0
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
-        self._epoch = 0
-        self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
-        self._start = 0  # first batch of the next pass (a loaded resume point)
-        self._epoch_set = False
-        self._passes = 0
         self._check_images()
 
     # ------------------------------------------------------------------ setup
@@ -247,104 +244,21 @@ class DaliLoader:
                 shard=shard, key=key)
         self._feeder.exclude(missing.tolist())
 
-    def _plan(self, epoch: int) -> EpochPlan:
-        plan = self._plans.get(epoch)
-        if plan is None:
-            o = self.options
-            plan = plan_epoch(self.index.shard_counts, seed=o.seed, epoch=epoch, world_size=o.world_size,
-                              rank=o.rank, batch_size=o.batch_size, drop_last=o.drop_last,
-                              shuffle=o.shuffle, shuffle_block=o.shuffle_block)
-            if len(self._plans) >= 3:
-                self._plans.pop(min(self._plans))
-            self._plans[epoch] = plan
-        return plan
-
     # ------------------------------------------------------------------ the API
-    # Epoch and resume semantics are those of fastfeed.loading.api.Loader (decode="cpu"), and
-    # so is the state_dict layout: a state saved with one decode mode resumes in the other.
-    def __len__(self) -> int:
-        """Batches per epoch, the same on every rank."""
-        return self._num_batches
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the current (or next) pass."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` on the next pass (from its start, or from a loaded resume point).
-
-        Without calls, a pass after a *completed* epoch moves to the next epoch by
-        itself; a pass after an abandoned one restarts that epoch.
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch({epoch!r}): the epoch is an integer >= 0")
-        if epoch != self._epoch or self._consumed >= len(self):
-            self._start = self._consumed = 0
-        self._epoch, self._epoch_set = epoch, True
-
-    def _begin_pass(self) -> tuple[int, int]:
-        if not self._epoch_set and self._consumed >= len(self) > 0:
-            self._epoch += 1  # the last pass finished its epoch: the next one is new
-            self._start = 0
-        start = self._start if self._start < len(self) else 0
-        self._start, self._epoch_set, self._consumed = 0, False, start
-        return self._epoch, start
-
+    # len, epoch, set_epoch, state_dict, load_state_dict: Resumable (fastfeed.loading.cursor)
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch, start = self._begin_pass()
-        self._passes += 1
+        p = self._cursor.begin_pass()
         self.stats.begin_pass()
-        return self._run(epoch, start, self._passes)
+        return self._cursor.stream(p, self._run(p.epoch, p.start))
 
-    def _run(self, epoch: int, start: int, token: int) -> Iterator[dict[str, Any]]:
+    def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         clock = time.perf_counter
         for step in range(start, self._num_batches):
-            if token != self._passes:
-                raise FastfeedError("this DaliLoader was iterated again: only its newest iterator "
-                                    "delivers batches (one pipeline serves one pass at a time)")
             t0 = clock()
             batch, skipped, messages = self._next_batch(epoch, step)
             t1 = clock()
-            self._consumed = step + 1
             self.stats.record(t1 - t0, t1, len(batch["__key__"]), skipped, messages)
             yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch, batches consumed, and what the order depends on.
-
-        The same layout as ``decode="cpu"``'s :meth:`fastfeed.loading.api.Loader.state_dict`.
-
-        Example:
-            >>> dl.state_dict()["batches"]                          # doctest: +SKIP
-            1200
-        """
-        o = self.options
-        return {
-            "fastfeed_loader": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._consumed,
-            "seed": o.seed,
-            "world_size": o.world_size,
-            "rank": o.rank,
-            "batch_size": o.batch_size,
-            "drop_last": o.drop_last,
-            "shuffle": o.shuffle,
-            "shuffle_block": o.shuffle_block,
-            "dataset": self.index.fingerprint,
-            "num_samples": self.index.num_samples,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` on the next pass: exactly the rest of its epoch, in order.
-
-        Raises:
-            StateError: the state is malformed or was saved by a loader with another
-                order (the message says what differs: "saved with world_size=8, now 4").
-        """
-        check_state(state, self.state_dict(), len(self))
-        self._epoch, self._consumed, self._start = state["epoch"], state["batches"], state["batches"]
-        self._epoch_set = False
 
     def close(self) -> None:
         """Release the pipeline (GPU memory, threads) now; the loader can be iterated again."""
