@@ -1,4 +1,6 @@
-"""The DALI pipeline and the loader object around it (see :mod:`fastfeed.loading.dali.backend`).
+"""The loader object around fastfeed's DALI pipeline (see :mod:`fastfeed.loading.dali.backend`;
+the graph itself is :mod:`fastfeed.loading.dali.graph`, the epochs and resume state
+:mod:`fastfeed.loading.cursor`).
 
 One pipeline lives as long as the loader. The loader feeds it the batches of
 :class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch,
@@ -38,7 +40,6 @@ import torch
 from fastfeed.loading.dali.feed import (
     EPOCH,
     GENERATION,
-    LABEL,
     SAMPLE,
     STEP,
     BatchFeeder,
@@ -50,6 +51,7 @@ from fastfeed.loading.dali.feed import (
     tensor_batch,
     where,
 )
+from fastfeed.loading.dali.graph import ENCODED, META, PROBE, build_pipeline, pipeline_seed, probe_pipeline
 from fastfeed.loading.dali.table import SampleTable, sample_table
 from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
@@ -57,6 +59,7 @@ from fastfeed.loading.cursor import EpochCursor, Resumable
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.stats import LoaderStats
 
+# build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
 __all__ = ["DaliLoader", "build_pipeline"]
 
 log = logging.getLogger(__name__)
@@ -102,73 +105,6 @@ def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -
         _TABLES.clear()
         _TABLES[key] = table
     return table
-
-
-#: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
-ENCODED, META = "ff_encoded", "ff_meta"
-
-
-def build_pipeline(d: Any, o: LoaderOptions, seed: int) -> Any:
-    """Define and build fastfeed's DALI pipeline, fed batch by batch through two inputs:
-    :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
-    :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
-    :data:`~fastfeed.loading.dali.feed.LABEL`).
-
-    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
-    """
-    fn, types = d.fn, d.types
-    h, w = o.image_size
-    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=o.num_threads, device_id=o.device_id,
-                      seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
-    decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": types.RGB}
-    if o.gpu:
-        decoder["hw_decoder_load"] = o.hw_decoder_load
-    with pipe:
-        encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
-        meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
-        labels = meta[LABEL]
-        if o.augment:
-            images = fn.decoders.image_random_crop(
-                encoded, random_area=list(o.crop_scale), random_aspect_ratio=list(o.crop_ratio),
-                num_attempts=10, **decoder)
-            images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
-        else:
-            anchor, shape = _center_box(d, encoded, o)
-            images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
-                                             normalized_anchor=False, normalized_shape=False, **decoder)
-            images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror = 0
-        norm: dict[str, Any] = {}
-        if o.output != "uint8":
-            norm = {"mean": [255.0 * m for m in o.mean or ()], "std": [255.0 * s for s in o.std or ()]}
-        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.output]
-        images = fn.crop_mirror_normalize(
-            images, dtype=dtype, output_layout="CHW" if o.layout == "NCHW" else "HWC",
-            mirror=mirror, **norm)
-        pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
-    pipe.build()
-    return pipe
-
-
-def _center_box(d: Any, encoded: Any, o: LoaderOptions) -> tuple[Any, Any]:
-    """The CPU path's evaluation crop (:func:`fastfeed.decode.geometry.center_crop`) as DALI
-    graph arithmetic on each image's header size: (top, left) and (height, width)."""
-    import nvidia.dali.math as dmath
-
-    out_h, out_w = o.image_size
-    size = d.fn.cast(d.fn.peek_image_shape(encoded), dtype=d.types.FLOAT)  # upright (H, W, C)
-    height, width = size[0], size[1]
-    scale = dmath.min(height, width) * (o.crop_fraction / max(out_h, out_w))
-    h = dmath.clamp(dmath.floor(scale * out_h + 0.5), 1.0, height)
-    w = dmath.clamp(dmath.floor(scale * out_w + 0.5), 1.0, width)
-    top, left = dmath.floor((height - h) * 0.5), dmath.floor((width - w) * 0.5)
-    return d.fn.stack(top, left), d.fn.stack(h, w)
-
-
-def _pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int) -> int:
-    ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
-    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
 
 class DaliLoader(Resumable):
@@ -294,7 +230,7 @@ class DaliLoader(Resumable):
         if self._pipe is None:
             self._feeder.pending.clear()
             self._builds += 1
-            seed = _pipeline_seed(self.options, epoch, step, self._builds)
+            seed = pipeline_seed(self.options, epoch, step, self._builds)
             self._pipe = build_pipeline(self._dali, self.options, seed)
             _pipelines_changed()
             _LOADERS.add(self)
@@ -467,22 +403,13 @@ class DaliLoader(Resumable):
 
     def _probe(self, ids: list[int]) -> list[int]:
         """The samples that DALI's decoder (same device and settings) cannot decode alone."""
-        d, o = self._dali, self.options
-        decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": d.types.RGB}
-        if o.gpu:
-            decoder["hw_decoder_load"] = o.hw_decoder_load
-        decode = d.fn.decoders.image_random_crop if o.augment else d.fn.decoders.image
         bad: list[int] = []
         pipe = None
         for i in ids:
             if pipe is None:
-                pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.device_id,
-                                  prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
-                with pipe:
-                    pipe.set_outputs(decode(d.fn.external_source(name="encoded", dtype=d.types.UINT8), **decoder))
-                pipe.build()
+                pipe = probe_pipeline(self._dali, self.options)
             try:
-                pipe.feed_input("encoded", [np.frombuffer(image_bytes(self._table, self._maps, i), np.uint8)])
+                pipe.feed_input(PROBE, [np.frombuffer(image_bytes(self._table, self._maps, i), np.uint8)])
                 pipe.run()
             except RuntimeError:
                 bad.append(i)
