@@ -47,7 +47,7 @@ from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
 from fastfeed.loading.bottleneck import line_hook
 from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Resumable
-from fastfeed.loading.dali.backend import DaliLoader, dali_loader
+from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK

@@ -48,6 +48,7 @@ from fastfeed.decode.geometry import check_crop, normalize_image_size
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.packed.index import DatasetIndex
 
 __all__ = [
     "DALI_MEETS",
@@ -174,9 +175,10 @@ class LoaderOptions:
 
         Example:
             >>> loader_options(batch_size=8, drop_last=True, rank=0, world_size=4).check_fits(16)
+            ... # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            fastfeed.errors.ConfigError: 16 samples over world_size=4 cannot fill one batch of 8 per rank with drop_last=True; lower batch_size or pass drop_last=False
+            fastfeed.errors.ConfigError: 16 samples over world_size=4 cannot fill one batch of 8 per rank ...
         """
         if self.drop_last and num_samples // self.world_size < self.batch_size:
             raise ConfigError(
@@ -262,12 +264,13 @@ def check_dali_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_source(path_or_url: Any, decode: str | None) -> None:
-    """``decode="dali"`` reads one packed dataset (its DALI index files), not a list of tars.
+    """``decode="dali"`` reads one packed dataset (its DALI index files), not a list of tars
+    (a folder, a URL or a loaded :class:`~fastfeed.packed.index.DatasetIndex`).
 
     Example:
         >>> check_source("/data/ff", "dali")
     """
-    if decode == "dali" and not isinstance(path_or_url, (str, os.PathLike)):
+    if decode == "dali" and not isinstance(path_or_url, (str, os.PathLike, DatasetIndex)):
         raise ConfigError(
             f"decode='dali' reads one packed dataset (a folder or URL with index.json), not "
             f"{type(path_or_url).__name__}; pack the tars with `fastfeed pack` (it writes the DALI "

@@ -87,7 +87,8 @@ def test_dali_settings() -> None:
         loader_options(batch_size=4, decode="dali", **ONE)
     for kwargs, match in [({"output": "int8"}, "output"), ({"layout": "CHW"}, "layout"),
                           ({"mean": (0.5, 0.5, 0.5)}, "mean/std"), ({"output": "float16", "std": (1, 0, 1)}, "std"),
-                          ({"output": "float16", "mean": (1, 2)}, "mean"), ({"hw_decoder_load": 1.5}, "hw_decoder_load"),
+                          ({"output": "float16", "mean": (1, 2)}, "mean"),
+                          ({"hw_decoder_load": 1.5}, "hw_decoder_load"),
                           ({"hw_decoder_load": "0.5"}, "hw_decoder_load"), ({"num_threads": 0}, "num_threads"),
                           ({"prefetch_queue_depth": 1.5}, "prefetch_queue_depth"), ({"device_id": -1}, "device_id")]:
         with pytest.raises(ConfigError, match=match):
@@ -151,3 +152,8 @@ def test_the_dali_backend_never_imports_loading_api() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.startswith("fastfeed.loading.api") for n in names), path
+
+
+def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
+    with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset.*not list.*fastfeed pack"):
+        fastfeed.loader(["a.tar", "b.tar"], batch_size=4, decode="dali", image_size=16)
