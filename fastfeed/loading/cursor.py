@@ -62,7 +62,7 @@ from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
 from fastfeed.packed.index import DatasetIndex
 
-__all__ = ["MUST_MATCH", "STATE_VERSION", "EpochCursor", "Pass", "Resumable", "check_state"]
+__all__ = ["EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "check_state"]
 
 T = TypeVar("T")
 

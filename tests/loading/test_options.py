@@ -157,3 +157,11 @@ def test_the_dali_backend_never_imports_loading_api() -> None:
 def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
     with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset.*not list.*fastfeed pack"):
         fastfeed.loader(["a.tar", "b.tar"], batch_size=4, decode="dali", image_size=16)
+
+
+def test_the_new_modules_export_a_sorted_all() -> None:
+    import fastfeed.loading.cursor as cursor
+    import fastfeed.loading.options as options
+
+    for module in (cursor, options):
+        assert module.__all__ == sorted(module.__all__) and all(hasattr(module, n) for n in module.__all__)

@@ -89,10 +89,10 @@ from fastfeed.packed.index import DatasetIndex
 __all__ = [
     "DALI_INSTALL",
     "DEFAULTS",
+    "DaliLoader",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "TUNE_SPACE",
-    "DaliLoader",
     "dali_available",
     "dali_loader",
     "import_dali",
