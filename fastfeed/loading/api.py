@@ -46,7 +46,7 @@ from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
 from fastfeed.loading.bottleneck import line_hook
-from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Resumable
+from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Pass, Resumable
 from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
@@ -69,8 +69,8 @@ class Loader(Resumable, DataLoader):
     pass (``iter(dl)``) runs the next epoch, **whether the previous pass finished or was
     abandoned** (``break`` out of the loop, then iterate again): a new pass is a new order,
     as with a shuffling DataLoader, and Lightning's ``limit_train_batches`` gets new
-    batches every epoch. Call ``set_epoch`` with the same epoch to replay it. Only the
-    newest iterator delivers batches. ``decode="dali"``'s loader follows the same rules
+    batches every epoch. Call ``set_epoch`` with the same epoch to replay it. A pass
+    begins at the first ``next()``, and only the newest pass delivers batches. ``decode="dali"``'s loader follows the same rules
     (one :class:`~fastfeed.loading.cursor.EpochCursor` serves both).
 
     Resume: :meth:`state_dict` / :meth:`load_state_dict`: the next pass continues the saved
@@ -114,12 +114,14 @@ class Loader(Resumable, DataLoader):
             world_size=dataset.world_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        p = self._cursor.begin_pass()
+        return self._cursor.run(self._open_pass)
+
+    def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
+        """The batches of pass ``p``: the workers start (or reset) at its epoch and first batch."""
         self.dataset.set_position(p.epoch, p.start)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
-        batches = super().__iter__()
-        return self._cursor.stream(p, self.stats.track(batches, _batch_size, self._pop_extras))
+        return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
 
     def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
         """Move the batch's worker timings into ``stats``; return its skips."""

@@ -3,8 +3,8 @@
 Every loader drives one :class:`EpochCursor` the same way, whatever decodes its batches
 (:class:`fastfeed.loading.api.Loader` for ``decode="cpu"`` / None,
 :class:`fastfeed.loading.dali.pipeline.DaliLoader` for ``decode="dali"``): ``iter()``
-calls :meth:`EpochCursor.begin_pass`, the batches go out through
-:meth:`EpochCursor.stream`, and :class:`Resumable` gives the loader its ``len``,
+returns :meth:`EpochCursor.run`, which begins the pass (:meth:`EpochCursor.begin_pass`)
+and counts the batches it hands out, and :class:`Resumable` gives the loader its ``len``,
 ``epoch``, ``set_epoch``, ``state_dict`` and ``load_state_dict``. So the rules below hold
 for both backends, and a state saved by one resumes in the other.
 
@@ -32,8 +32,10 @@ for both backends, and a state saved by one resumes in the other.
   drops the resume point. A state records batches consumed, never whether the pass was
   abandoned, so a run resumed from a state saved at a ``break`` continues that epoch;
   call ``set_epoch(next)`` to start the next one instead (Lightning restarts this way).
-- One pass at a time: each ``iter()`` starts a pass, and only the newest iterator
-  delivers batches (an older one raises instead of taking the new pass's batches).
+- One pass at a time: a pass begins at the first ``next()`` of an iterator (one that is
+  never advanced is no pass: Lightning calls ``iter()`` once on a loader that is not a
+  DataLoader, to check that it is iterable), and only the newest pass delivers batches
+  (an older iterator raises instead of taking the new pass's batches).
 
 **State.** ``state_dict()`` is a few ints and strings, the same for every backend:
 ``{"fastfeed_loader": 1, "epoch", "batches", "rank", ...}`` with what the order depends
@@ -43,17 +45,17 @@ match. The saving rank does not matter: all ranks consume the same number of bat
 Example:
     >>> c = EpochCursor(fingerprint="ab12", shard_counts=[5, 5], batch_size=4, seed=0, shuffle=True,
     ...                 drop_last=False, shuffle_block=8192, rank=0, world_size=1)
-    >>> first = c.begin_pass(); list(c.stream(first, iter("xy"))); c.state_dict()["batches"]
-    ['x', 'y']
-    2
-    >>> c.begin_pass().epoch      # no set_epoch: the next epoch, finished or not
-    1
+    >>> list(c.run(lambda p: iter([f"e{p.epoch}b{b}" for b in range(p.start, 3)])))
+    ['e0b0', 'e0b1', 'e0b2']
+    >>> it = c.run(lambda p: iter([f"e{p.epoch}b{b}" for b in range(p.start, 3)]))
+    >>> next(it), c.state_dict()["batches"]        # no set_epoch: the next epoch
+    ('e1b0', 1)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -158,8 +160,15 @@ class EpochCursor:
         self._epoch_set, self._consumed = False, start
         return Pass(self._epoch, start, self._passes)
 
-    def stream(self, p: Pass, batches: Iterator[T]) -> Iterator[T]:
-        """Hand out the batches of pass ``p``, counting them; raise once a newer pass began."""
+    def run(self, open_pass: Callable[[Pass], Iterator[T]]) -> Iterator[T]:
+        """One pass, begun at the first ``next()``: :meth:`begin_pass`, then the batches of
+        ``open_pass(pass)``, counted; raises once a newer pass began.
+
+        The pass begins lazily, so an iterator that is never advanced is no pass
+        (Lightning calls ``iter()`` once on a loader that is not a DataLoader, to check it).
+        """
+        p = self.begin_pass()
+        batches = open_pass(p)
         while True:
             if p.number != self._passes:
                 raise FastfeedError(

@@ -126,10 +126,12 @@ def test_a_new_pass_after_an_abandoned_one_is_the_next_epoch(packed: Path, backe
 
 def test_limited_batches_per_epoch_as_lightning_runs_them(packed: Path, backend: str) -> None:
     """Lightning's ``limit_train_batches=N``: N batches, then a new ``iter()`` next epoch,
-    with or without a ``set_epoch`` call reaching the loader: the same batches."""
+    with or without a ``set_epoch`` call reaching the loader: the same batches. An
+    iterator that is never advanced (Lightning's iterability check) is no pass."""
     n = 2
     for call_set_epoch in (False, True):
         dl = make(packed, backend)
+        iter(dl)  # Lightning's check that a loader (not a DataLoader) is iterable: no pass
         for epoch in range(3):
             if call_set_epoch:
                 dl.set_epoch(epoch)
@@ -137,16 +139,17 @@ def test_limited_batches_per_epoch_as_lightning_runs_them(packed: Path, backend:
             assert [list(next(it)["__key__"]) for _ in range(n)] == expected(packed, epoch)[:n]
 
 
-def test_only_the_newest_iterator_delivers(packed: Path, backend: str) -> None:
+def test_only_the_newest_pass_delivers(packed: Path, backend: str) -> None:
     dl = make(packed, backend)
     first = iter(dl)
     next(first)
-    second = iter(dl)
+    second, third = iter(dl), iter(dl)  # passes begin at their first next()
     got = [list(next(second)["__key__"])]
     with pytest.raises(FastfeedError, match="iterated again"):
         next(first)
     got += keys(second)
     assert got == expected(packed, 1) and dl.state_dict()["batches"] == len(dl)
+    assert keys(third) == expected(packed, 2) and dl.epoch == 2
 
 
 # ---------------------------------------------------------------------- resume

@@ -55,7 +55,7 @@ from fastfeed.loading.dali.graph import ENCODED, META, PROBE, build_pipeline, pi
 from fastfeed.loading.dali.table import SampleTable, sample_table
 from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.cursor import EpochCursor, Resumable
+from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.stats import LoaderStats
 
@@ -115,7 +115,8 @@ class DaliLoader(Resumable):
     ``len``, ``epoch``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are those of
     the CPU loader (:class:`~fastfeed.loading.cursor.Resumable` over the same
     :class:`~fastfeed.loading.cursor.EpochCursor`): without ``set_epoch`` every new pass
-    runs the next epoch, finished or abandoned; only the newest iterator delivers batches.
+    runs the next epoch, finished or abandoned; a pass begins at the first ``next()``, and
+    only the newest pass delivers batches.
 
     Attributes:
         batch_size: samples per batch.
@@ -183,9 +184,11 @@ class DaliLoader(Resumable):
     # ------------------------------------------------------------------ the API
     # len, epoch, set_epoch, state_dict, load_state_dict: Resumable (fastfeed.loading.cursor)
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        p = self._cursor.begin_pass()
+        return self._cursor.run(self._open_pass)
+
+    def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
         self.stats.begin_pass()
-        return self._cursor.stream(p, self._run(p.epoch, p.start))
+        return self._run(p.epoch, p.start)
 
     def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         clock = time.perf_counter
