@@ -70,8 +70,9 @@ class Loader(Resumable, DataLoader):
     abandoned** (``break`` out of the loop, then iterate again): a new pass is a new order,
     as with a shuffling DataLoader, and Lightning's ``limit_train_batches`` gets new
     batches every epoch. Call ``set_epoch`` with the same epoch to replay it. A pass
-    begins at the first ``next()``, and only the newest pass delivers batches. ``decode="dali"``'s loader follows the same rules
-    (one :class:`~fastfeed.loading.cursor.EpochCursor` serves both).
+    begins at the first ``next()``, and only the newest pass delivers batches.
+    ``decode="dali"``'s loader follows the same rules (one
+    :class:`~fastfeed.loading.cursor.EpochCursor` serves both; see that module for why).
 
     Resume: :meth:`state_dict` / :meth:`load_state_dict`: the next pass continues the saved
     epoch after its last consumed batch (a state saved by either ``decode``, any
