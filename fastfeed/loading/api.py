@@ -1,14 +1,15 @@
 """``fastfeed.loader()``: the DataLoader to put in a training script.
 
-The one module that knows DataLoader's arguments. It resolves rank and world size
-(:func:`fastfeed.dist.resolve_world`), ``num_workers`` / ``prefetch_factor`` ``"auto"``
-(:func:`fastfeed.loading.auto.resolve_auto`), builds a :class:`~fastfeed.loading.dataset.ShardBatches`
+The one module that knows DataLoader's arguments. It resolves ``num_workers`` /
+``prefetch_factor`` ``"auto"`` (:func:`fastfeed.loading.auto.resolve_auto`), builds a
+:class:`~fastfeed.loading.dataset.ShardBatches`
 and wraps it in :class:`Loader`, a ``torch.utils.data.DataLoader`` subclass (so
 Lightning, Accelerate and plain loops accept it) with ``set_epoch``, ``state_dict`` /
 ``load_state_dict``, ``len()`` in batches and always-on ``stats``.
 
 The arguments are validated once, into :class:`~fastfeed.loading.options.LoaderOptions`
-(:func:`~fastfeed.loading.options.loader_options`); ``decode="dali"`` hands them to
+(:func:`~fastfeed.loading.options.loader_options`, which also resolves rank and world
+size), before any data is read; ``decode="dali"`` hands them to
 :func:`fastfeed.loading.dali.backend.dali_loader`. Both backends drive the same
 :class:`~fastfeed.loading.cursor.EpochCursor`, so epochs and resume behave the same.
 
