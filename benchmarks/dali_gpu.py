@@ -8,7 +8,7 @@ originals, and with ``--max-side 500`` (ImageNet-like sizes).
 Per dataset, every loader does the same work: random-resized-crop decode -> 224x224 ->
 random flip -> uint8 NCHW batches on the GPU (labels too):
 
-- ``fastfeed dali``: ``fastfeed.loader(decode="dali")`` (here :func:`fastfeed.loading.dali.backend.dali_loader`);
+- ``fastfeed dali``: ``fastfeed.loader(decode="dali")``;
 - ``hand-written dali``: what a DALI user writes from DALI's docs on the same shards and
   index files (``fn.readers.webdataset`` with ``random_shuffle``, ``decoders.image_random_crop``
   mixed, ``resize``, ``crop_mirror_normalize``, ``DALIGenericIterator``);
@@ -157,10 +157,10 @@ def _sync(cfg: Config) -> Callable[[Any], None]:
 
 
 def fastfeed_dali(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
-    from fastfeed.loading.dali.backend import dali_loader
+    import fastfeed
 
-    dl = dali_loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     device_id=cfg.device_id, **knobs)
+    dl = fastfeed.loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size, decode="dali",
+                         device_id=cfg.device_id, **knobs)
     # Build the pipeline here, as the hand-written one is built (pipe.build() and the
     # iterator's first prefetch) before it is measured: the ~1.7 s of building a GPU
     # pipeline then counts for neither (it did for fastfeed alone, which made its short
@@ -407,11 +407,11 @@ def paired_search(name: str, ds: Path, cfg: Config) -> list[Trial]:
 
 
 def store_tune_result(ds: Path, setting: Setting, rate: float, cfg: Config, how: str) -> None:
-    """Store ``setting`` as the dataset's tune result (what ``dali_loader(..., "auto")`` uses)
+    """Store ``setting`` as the dataset's tune result (what ``loader(decode="dali")``'s ``"auto"`` uses)
     and check that ``"auto"`` picks it up."""
     import datetime
 
-    from fastfeed.loading.dali.backend import dali_loader
+    import fastfeed
     from fastfeed.dist import local_world_size
     from fastfeed.packed.index import DatasetIndex
     from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
@@ -424,10 +424,11 @@ def store_tune_result(ds: Path, setting: Setting, rate: float, cfg: Config, how:
     save_record(TuneRecord(key, 0, None, knobs, rate,
                            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                            {"reason": how}), str(ds))
-    auto = dali_loader(str(ds), batch_size=batch, image_size=cfg.image_size, device_id=cfg.device_id)
+    auto = fastfeed.loader(str(ds), batch_size=batch, image_size=cfg.image_size, decode="dali",
+                           device_id=cfg.device_id)
     found = {k: getattr(auto.options, k) for k in knobs}
     if auto.options.knobs_from != "tuned" or found != knobs:
-        log(f"WARNING: dali_loader('auto') did not pick the stored setting up: {auto.options}")
+        log(f"WARNING: loader(decode='dali') 'auto' did not pick the stored setting up: {auto.options}")
     auto.close()
 
 
@@ -445,10 +446,10 @@ def tune_knobs(ds: Path, cfg: Config) -> tuple[dict[str, Any], str]:
 def feed_cost(ds: Path, cfg: Config, batches: int = 200) -> float:
     """Microseconds per sample that fastfeed's feeder (plan -> views of the mapped shards
     gathered into one DALI TensorList, meta rows) costs the training thread."""
-    from fastfeed.loading.dali.backend import dali_loader
+    import fastfeed
 
-    dl = dali_loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     device_id=cfg.device_id, **DALI_DEFAULTS)
+    dl = fastfeed.loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size, decode="dali",
+                         device_id=cfg.device_id, **DALI_DEFAULTS)
     feeder = dl._feeder  # called here without a pipeline
     feeder.restart(0, 0)
     feeder()

@@ -14,7 +14,7 @@ with one change at a time:
 - ``batch-512`` / ``threads-8``: neighbours of the base setting;
 - ``two-pipes``: two pipelines of half the threads each, read alternately (two decode
   streams in flight on one GPU);
-- ``fastfeed``: ``fastfeed.loading.dali.backend.dali_loader`` at the same setting (its default
+- ``fastfeed``: ``fastfeed.loader(decode="dali")`` at the same setting (its default
   decoder options).
 
 Each variant is measured ``--rounds`` times for ``--seconds`` each, in rotation (drift

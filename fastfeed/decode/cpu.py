@@ -35,10 +35,19 @@ import torch
 
 from fastfeed.decode.collate import batch_buffer, collate, nhwc_to_nchw
 from fastfeed.decode.fields import decode_field, is_image
-from fastfeed.decode.geometry import FLIP, NUM_UNIFORMS, center_crop, random_resized_crop, uniforms
+from fastfeed.decode.geometry import (
+    FLIP,
+    NUM_UNIFORMS,
+    center_crop,
+    check_crop,
+    normalize_image_size,
+    random_resized_crop,
+    uniforms,
+)
 from fastfeed.decode.image import ImageDecoder
 from fastfeed.errors import ConfigError, SampleError
 
+# normalize_image_size lives in fastfeed.decode.geometry; importable from here too
 __all__ = ["CpuDecoder", "Fail", "RawDecoder", "normalize_image_size", "pick_image_field"]
 
 #: Called with (position in the batch, exception) for a sample that cannot be used;
@@ -50,28 +59,6 @@ _PREFERRED = ("jpg", "jpeg", "png", "webp")
 # a shard reader may raise OSError)
 _BAD_DATA: tuple[type[BaseException], ...] = (SampleError, OSError, ValueError)
 _NO_FIELDS: dict[str, Any] = {}
-
-
-def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
-    """``224`` or ``(h, w)`` -> ``(h, w)``; validates.
-
-    Example:
-        >>> normalize_image_size(224), normalize_image_size((160, 128))
-        ((224, 224), (160, 128))
-    """
-    if image_size is None:
-        return None
-    if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
-        size = (int(image_size), int(image_size))
-    else:
-        try:
-            h, w = image_size  # type: ignore[misc]
-            size = (int(h), int(w))
-        except (TypeError, ValueError):
-            raise ConfigError(f"image_size={image_size!r}: give an int or (height, width)") from None
-    if min(size) < 1:
-        raise ConfigError(f"image_size={image_size!r} must be positive")
-    return size
 
 
 def pick_image_field(fields: Sequence[str]) -> str | None:
@@ -159,13 +146,9 @@ class CpuDecoder:
         crop_fraction: float = 0.875,
     ) -> None:
         self.image_size = normalize_image_size(image_size)
-        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
-            raise ConfigError(f"crop scale={scale} / ratio={ratio}: need 0 < lo <= hi (scale <= 1)")
-        if not 0 < crop_fraction <= 1:
-            raise ConfigError(f"crop_fraction={crop_fraction} must be in (0, 1]")
+        self.scale, self.ratio, self.crop_fraction = check_crop(scale, ratio, crop_fraction)
         self.augment, self.seed, self.flip = bool(augment), int(seed), bool(flip)
         self.image_field, self.transform = image_field, transform
-        self.scale, self.ratio, self.crop_fraction = tuple(scale), tuple(ratio), float(crop_fraction)
         self.images = ImageDecoder(backend)
 
     # ------------------------------------------------------------------ pieces

@@ -10,7 +10,9 @@ random area fraction in ``scale`` and a log-uniform aspect ratio in ``ratio``, p
 uniformly; the fallback is the largest central crop with the ratio clamped into range.
 :func:`center_crop` is the evaluation crop (resize the shorter side to
 ``size / crop_fraction`` then take the central ``size``), expressed as a box in the
-original image so the decoder can crop before it resizes.
+original image so the decoder can crop before it resizes. :func:`normalize_image_size` is
+the one reading of an ``image_size`` argument (``224`` or ``(h, w)``) for every decoder,
+the loader's options and the tune store.
 
 Example:
     >>> u = uniforms(seed=0, epoch=0, ids=np.array([7]), n=NUM_UNIFORMS)
@@ -26,12 +28,74 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["NUM_UNIFORMS", "center_crop", "dct_denominator", "random_resized_crop", "uniforms"]
+from fastfeed.errors import ConfigError
+
+__all__ = ["NUM_UNIFORMS", "center_crop", "check_crop", "dct_denominator", "normalize_image_size",
+           "random_resized_crop", "uniforms"]
 
 _TRIES = 10
 #: Uniform draws per sample: 2 per try, 2 for the placement, 1 for the flip.
 NUM_UNIFORMS = 2 * _TRIES + 3
 FLIP = NUM_UNIFORMS - 1
+
+def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+    """``224`` or ``(h, w)`` (a tuple, a list from JSON) -> ``(h, w)``; None stays None.
+
+    Raises:
+        ConfigError: not an int or a pair of ints, or not positive.
+
+    Example:
+        >>> normalize_image_size(224), normalize_image_size([160, 128]), normalize_image_size(None)
+        ((224, 224), (160, 128), None)
+    """
+    if image_size is None:
+        return None
+    if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
+        size = (int(image_size), int(image_size))
+    else:
+        try:
+            h, w = image_size  # type: ignore[misc]
+            if isinstance(h, bool) or isinstance(w, bool) or int(h) != h or int(w) != w:
+                raise ValueError
+            size = (int(h), int(w))
+        except (TypeError, ValueError):
+            raise ConfigError(f"image_size={image_size!r}: give an int or (height, width)") from None
+    if min(size) < 1:
+        raise ConfigError(f"image_size={image_size!r} must be positive")
+    return size
+
+
+def _pair(name: str, value: Sequence[float], hi: float) -> tuple[float, float]:
+    try:
+        lo_v, hi_v = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r}: give two numbers (low, high)") from None
+    if not 0 < lo_v <= hi_v <= hi:
+        raise ConfigError(f"{name}={value!r}: need 0 < low <= high <= {hi:g}")
+    return lo_v, hi_v
+
+
+def check_crop(scale: Sequence[float], ratio: Sequence[float],
+               crop_fraction: float) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """Validate the crop settings: RandomResizedCrop's area ``scale`` and aspect ``ratio``
+    ranges, and the evaluation crop's ``crop_fraction`` of the shorter side.
+
+    Raises:
+        ConfigError: a range that is not ``0 < low <= high`` (``scale <= 1``), or a
+            fraction outside (0, 1].
+
+    Example:
+        >>> check_crop((0.08, 1), [0.75, 4 / 3], 0.875)
+        ((0.08, 1.0), (0.75, 1.3333333333333333), 0.875)
+    """
+    try:
+        fraction = float(crop_fraction)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"crop_fraction={crop_fraction!r} must be in (0, 1]")
+    return _pair("crop_scale", scale, 1.0), _pair("crop_ratio", ratio, 100.0), fraction
+
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

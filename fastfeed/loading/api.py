@@ -1,21 +1,28 @@
 """``fastfeed.loader()``: the DataLoader to put in a training script.
 
-The one module that knows DataLoader's arguments. It resolves rank and world size
-(:func:`fastfeed.dist.resolve_world`), ``num_workers`` / ``prefetch_factor`` ``"auto"``
-(:func:`fastfeed.loading.auto.resolve_auto`), builds a :class:`~fastfeed.loading.dataset.ShardBatches`
+The one module that knows DataLoader's arguments. It resolves ``num_workers`` /
+``prefetch_factor`` ``"auto"`` (:func:`fastfeed.loading.auto.resolve_auto`), builds a
+:class:`~fastfeed.loading.dataset.ShardBatches`
 and wraps it in :class:`Loader`, a ``torch.utils.data.DataLoader`` subclass (so
 Lightning, Accelerate and plain loops accept it) with ``set_epoch``, ``state_dict`` /
 ``load_state_dict``, ``len()`` in batches and always-on ``stats``.
 
+The arguments are validated once, into :class:`~fastfeed.loading.options.LoaderOptions`
+(:func:`~fastfeed.loading.options.loader_options`, which also resolves rank and world
+size), before any data is read; ``decode="dali"`` hands them to
+:func:`fastfeed.loading.dali.backend.dali_loader`. Both backends drive the same
+:class:`~fastfeed.loading.cursor.EpochCursor`, so epochs and resume behave the same.
+
 Epochs: ``set_epoch(e)`` picks the epoch of the next pass. Without it, every new pass
-runs the next epoch (the first pass runs epoch 0), so a new pass always brings a new
-order, as a new pass over a shuffling DataLoader does, and forgetting ``set_epoch``
-never repeats an order.
+runs the next epoch (the first pass runs epoch 0), whether the previous pass finished or
+was abandoned (``break``), so a new pass always brings a new order, as a new pass over a
+shuffling DataLoader does, and forgetting ``set_epoch`` never repeats an order.
 
 Resume: ``state_dict()`` is a few ints and strings (epoch, batches consumed, and what
-the order depends on); ``load_state_dict()`` in a fresh process (any ``num_workers``)
-makes the next pass continue that epoch at the next batch, in the same order. All
-ranks consume the same number of batches, so the state saved by rank 0 fits every rank.
+the order depends on); ``load_state_dict()`` in a fresh process (any ``num_workers``,
+either ``decode``) makes the next pass continue that epoch at the next batch, in the same
+order. All ranks consume the same number of batches, so the state saved by rank 0 fits
+every rank.
 
 Example:
     >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)   # doctest: +SKIP
@@ -36,38 +43,48 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastfeed._util import format_bytes
-from fastfeed.loading.bottleneck import line_hook
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
+from fastfeed.decode.cpu import CpuDecoder, RawDecoder
+from fastfeed.loading.auto import resolve_auto
+from fastfeed.loading.bottleneck import line_hook
+from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Pass, Resumable
+from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
-from fastfeed.packed.reader import ShardSource, check_shards, resolve_index
-from fastfeed.decode.cpu import CpuDecoder, RawDecoder, normalize_image_size
-from fastfeed.dist import resolve_world
-from fastfeed.errors import ConfigError, StateError
-from fastfeed.packed.index import DatasetIndex
+from fastfeed.loading.options import LoaderOptions, check_source, loader_options
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
-from fastfeed.storage.remote import is_url
 from fastfeed.loading.stats import LoaderStats
+from fastfeed.packed.index import DatasetIndex
+from fastfeed.packed.reader import ShardSource, check_shards, resolve_index
+from fastfeed.storage.remote import is_url
 
+# STATE_VERSION (the state_dict layout) lives in fastfeed.loading.cursor; importable from here too
 __all__ = ["Loader", "STATE_VERSION", "loader"]
 
 log = logging.getLogger(__name__)
 
-#: Version of the ``state_dict()`` layout.
-STATE_VERSION = 1
-DECODES = ("cpu", "dali", None)
-# state fields that must match exactly, in the order they are reported
-_MUST_MATCH = ("dataset", "num_samples", "world_size", "batch_size", "drop_last", "shuffle", "seed",
-               "shuffle_block")
 
-
-class Loader(DataLoader):
+class Loader(Resumable, DataLoader):
     """A DataLoader over fastfeed shards; build it with :func:`loader`.
+
+    Epochs: ``set_epoch(e)`` makes the next pass run epoch ``e``. Without it, every new
+    pass (``iter(dl)``) runs the next epoch, **whether the previous pass finished or was
+    abandoned** (``break`` out of the loop, then iterate again): a new pass is a new order,
+    as with a shuffling DataLoader, and Lightning's ``limit_train_batches`` gets new
+    batches every epoch. Call ``set_epoch`` with the same epoch to replay it. A pass
+    begins at the first ``next()``, and only the newest pass delivers batches.
+    ``decode="dali"``'s loader follows the same rules (one
+    :class:`~fastfeed.loading.cursor.EpochCursor` serves both; see that module for why).
+
+    Resume: :meth:`state_dict` / :meth:`load_state_dict`: the next pass continues the saved
+    epoch after its last consumed batch (a state saved by either ``decode``, any
+    ``num_workers``, any rank of the same world size).
 
     Attributes:
         index: the dataset index.
         rank, world_size: this process's place in the job.
         stats: :class:`~fastfeed.loading.stats.LoaderStats`, always on.
         workers_from: where ``num_workers`` came from (``"explicit"``, ``"tuned"``, ``"heuristic"``).
+        epoch: the epoch of the current (or next) pass.
     """
 
     def __init__(self, dataset: ShardBatches, *, num_workers: int, prefetch_factor: int | None,
@@ -92,56 +109,21 @@ class Loader(DataLoader):
         self.stats = LoaderStats(log_every=log_every)
         self.stats.add_line_hook(line_hook(num_workers))  # "; decode-bound (workers busy 97%, ...)"
         self.workers_from = workers_from
-        self._epoch = 0
-        self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
-        self._resume: int | None = None  # first batch of the next pass, from load_state_dict
-        self._epoch_set = False
-        self._passes = 0
-
-    # ------------------------------------------------------------------ epochs
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
-        return self.dataset.num_batches
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the current (or next) pass."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` on the next pass: from its start, or from a loaded resume point.
-
-        After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume
-        point (a state saved after the last batch of an epoch then gives an empty pass).
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch({epoch!r}): the epoch is an integer >= 0")
-        if self._resume is None or epoch != self._epoch:
-            self._resume = None
-            self._consumed = 0
-        self._epoch, self._epoch_set = epoch, True
-
-    def _begin_pass(self) -> tuple[int, int]:
-        start = 0
-        if self._resume is not None:
-            start, self._resume = self._resume, None
-            if not self._epoch_set and start >= len(self):
-                self._epoch, start = self._epoch + 1, 0  # the saved epoch was complete
-        elif not self._epoch_set and self._passes > 0:
-            self._epoch += 1  # a new pass is a new epoch, as a new shuffle is in DataLoader
-        self._passes += 1
-        self._epoch_set, self._consumed = False, start
-        return self._epoch, start
+        self._cursor = EpochCursor(
+            fingerprint=self.index.fingerprint, shard_counts=self.index.shard_counts,
+            batch_size=dataset.batch_size, seed=dataset.seed, shuffle=dataset.shuffle,
+            drop_last=dataset.drop_last, shuffle_block=dataset.shuffle_block, rank=dataset.rank,
+            world_size=dataset.world_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        epoch, start = self._begin_pass()
-        self.dataset.set_position(epoch, start)
+        return self._cursor.run(self._open_pass)
+
+    def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
+        """The batches of pass ``p``: the workers start (or reset) at its epoch and first batch."""
+        self.dataset.set_position(p.epoch, p.start)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
-        batches = super().__iter__()
-        for batch in self.stats.track(batches, _batch_size, self._pop_extras):
-            self._consumed += 1
-            yield batch
+        return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
 
     def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
         """Move the batch's worker timings into ``stats``; return its skips."""
@@ -155,78 +137,6 @@ class Loader(DataLoader):
                 self._pool.received(slots, batch.get("image"))
         return _pop_skipped(batch)
 
-    # ------------------------------------------------------------------ resume
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch, batches consumed, and what the order depends on.
-
-        Example:
-            >>> dl.state_dict()                                    # doctest: +SKIP
-            {'fastfeed_loader': 1, 'epoch': 3, 'batches': 1200, 'seed': 0, 'world_size': 8, ...}
-        """
-        ds = self.dataset
-        return {
-            "fastfeed_loader": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._consumed,
-            "seed": ds.seed,
-            "world_size": ds.world_size,
-            "rank": ds.rank,
-            "batch_size": ds.batch_size,
-            "drop_last": ds.drop_last,
-            "shuffle": ds.shuffle,
-            "shuffle_block": ds.shuffle_block,
-            "dataset": self.index.fingerprint,
-            "num_samples": self.index.num_samples,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`) on the next pass.
-
-        Every field is checked; anything the order depends on must match, and the error
-        says what differs (``"saved with world_size=8, now 4"``). The saving rank does
-        not matter: all ranks consume the same number of batches.
-
-        Raises:
-            StateError: the state is malformed or was saved by a loader with another order.
-        """
-        check_state(state, self.state_dict(), len(self))
-        self._epoch, self._consumed, self._resume = state["epoch"], state["batches"], state["batches"]
-        self._epoch_set = False
-
-
-def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int) -> None:
-    """Validate a saved loader state against the loader's own (``now``); shared by the
-    CPU and DALI loaders, whose state layouts are the same.
-
-    Raises:
-        StateError: the state is malformed, or the order it was saved with differs (the
-            message names every difference: "saved with world_size=8, now 4").
-    """
-    if not isinstance(state, Mapping):
-        raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-    missing = sorted(set(now) - set(state))
-    if missing:
-        raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
-    if state["fastfeed_loader"] != STATE_VERSION:
-        raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
-    for name in ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"):
-        v = state[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
-    diffs = [f"{k}={state[k]!r}, now {now[k]!r}" for k in _MUST_MATCH if state[k] != now[k]]
-    if diffs:
-        raise StateError(
-            "loader state does not fit this loader: saved with " + "; ".join(diffs)
-            + ". Resume with the same dataset, world size, batch size, drop_last, shuffle, seed "
-            "and shuffle_block (the sample order depends on them)"
-        )
-    if not state["rank"] < state["world_size"]:
-        raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
-    if state["batches"] > epoch_batches:
-        raise StateError(
-            f"loader state: batches={state['batches']} but an epoch of this loader has only {epoch_batches}"
-        )
-
 
 def _batch_size(batch: dict[str, Any]) -> int:
     return len(batch["__key__"])
@@ -235,28 +145,6 @@ def _batch_size(batch: dict[str, Any]) -> int:
 def _pop_skipped(batch: dict[str, Any]) -> tuple[int, list[str]]:
     skipped = batch.pop(SKIPPED_KEY, None) or []
     return len(skipped), skipped
-
-
-def _auto_workers(index: DatasetIndex, *, batch_size: int, decode: str | None,
-                  image_size: tuple[int, int] | None, num_workers: int | str,
-                  prefetch_factor: int | str | None) -> tuple[int, int | None, str]:
-    from fastfeed.loading.auto import resolve_auto
-
-    return resolve_auto(index, batch_size=batch_size, decode=decode, image_size=image_size,
-                        num_workers=num_workers, prefetch_factor=prefetch_factor)
-
-
-def _check_args(batch_size: int, seed: int, on_error: str, decode: str | None, shuffle_block: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
-    if on_error not in ("raise", "skip"):
-        raise ConfigError(f"on_error={on_error!r}; use 'raise' or 'skip'")
-    if decode not in DECODES:
-        raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None (raw bytes)")
-    if isinstance(shuffle_block, bool) or not isinstance(shuffle_block, int) or shuffle_block < 1:
-        raise ConfigError(f"shuffle_block={shuffle_block!r} must be an integer >= 1")
 
 
 def loader(
@@ -332,72 +220,75 @@ def loader(
             ~0.2 ms per 224 px image where measured; see :mod:`fastfeed.decode.bufpool`). A batch you
             keep, or a view of it, is never refilled. Pass False if you hand batches on to
             another process without copying them.
-        **dali_options: options of :func:`fastfeed.loading.dali.backend.dali_loader` (``num_threads``,
-            ``output``, ``mean``, ``std``, ...), only with ``decode="dali"``.
+        **dali_options: the options of ``decode="dali"`` only (``num_threads``,
+            ``hw_decoder_load``, ``prefetch_queue_depth``, ``device_id``, ``output``, ``mean``,
+            ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
+            ``decode="dali"``, the DataLoader options above that it cannot honour
+            (``num_workers=8``, ``transform``, ...) are an error that says why, and
+            ``pin_memory``, ``persistent_workers``, ``reuse_buffers`` have no effect
+            (:mod:`fastfeed.loading.options`). A misspelled name is an error naming the
+            closest option.
 
     Returns:
-        A :class:`Loader`; each batch is a dict (see :mod:`fastfeed.decode.cpu`).
+        A :class:`Loader` (with ``decode="dali"``, a
+        :class:`~fastfeed.loading.dali.pipeline.DaliLoader` with the same epoch, resume and
+        ``stats`` API); each batch is a dict (see :mod:`fastfeed.decode.cpu`).
+
+    Raises:
+        ConfigError: an invalid argument (validated before any data is read).
 
     Example:
         >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)  # doctest: +SKIP
         >>> batch = next(iter(dl)); batch["image"].shape, batch["label"].dtype         # doctest: +SKIP
         (torch.Size([256, 3, 224, 224]), torch.int64)
     """
-    if decode == "dali":
-        from fastfeed.loading.dali.backend import dali_loader
-
-        return dali_loader(
-            path_or_url, batch_size=batch_size, shuffle=shuffle, seed=seed, decode=decode,
-            transform=transform, image_size=image_size, augment=augment, num_workers=num_workers,
-            prefetch_factor=prefetch_factor, pin_memory=pin_memory, drop_last=drop_last, rank=rank,
-            world_size=world_size, on_error=on_error, cache_dir=cache_dir, cache_size=cache_size,
-            storage_options=storage_options, persistent_workers=persistent_workers,
-            shuffle_block=shuffle_block, decode_backend=decode_backend, image_field=image_field,
-            crop_scale=crop_scale, crop_ratio=crop_ratio, flip=flip, crop_fraction=crop_fraction,
-            log_every=log_every, timeout=timeout, multiprocessing_context=multiprocessing_context,
-            worker_init_fn=worker_init_fn, **dali_options,
-        )
-    if dali_options:
-        raise ConfigError(
-            f"loader() got unexpected option(s) {', '.join(sorted(dali_options))}; "
-            "DALI options need decode='dali'"
-        )
-    _check_args(batch_size, seed, on_error, decode, shuffle_block)
-    size = normalize_image_size(image_size)
-    rank, world_size = resolve_world(rank, world_size)
-    index = resolve_index(path_or_url, cache_dir=cache_dir, cache_size=cache_size,
-                          storage_options=storage_options, on_error=on_error)
-    check_shards(index)
-    if drop_last and index.num_samples // world_size < batch_size:
-        raise ConfigError(
-            f"{index.num_samples} samples over world_size={world_size} cannot fill one batch of "
-            f"{batch_size} per rank with drop_last=True; lower batch_size or pass drop_last=False"
-        )
-    workers, prefetch, workers_from = _auto_workers(
-        index, batch_size=batch_size, decode=decode, image_size=size, num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
+    check_source(path_or_url, decode)
+    options = loader_options(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, decode=decode, transform=transform,
+        image_size=image_size, augment=augment, num_workers=num_workers, prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory, drop_last=drop_last, rank=rank, world_size=world_size, on_error=on_error,
+        cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options,
+        persistent_workers=persistent_workers, shuffle_block=shuffle_block, decode_backend=decode_backend,
+        image_field=image_field, crop_scale=crop_scale, crop_ratio=crop_ratio, flip=flip,
+        crop_fraction=crop_fraction, log_every=log_every, timeout=timeout,
+        multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
+        reuse_buffers=reuse_buffers, **dali_options,
     )
-    max_open = _max_open(index, shuffle_block, cache_dir)
-    if cache_dir is None and index.shards and is_url(index.shard_path(0)):
+    index = resolve_index(path_or_url, cache_dir=options.cache_dir, cache_size=options.cache_size,
+                          storage_options=options.storage_options, on_error=options.on_error)
+    check_shards(index)
+    options.check_fits(index.num_samples)
+    if options.decode == "dali":
+        return dali_loader(index, options)
+    return _cpu_loader(index, options)
+
+
+def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
+    """``decode="cpu"`` / None: DataLoader workers decode whole batches of the epoch plan."""
+    workers, prefetch, workers_from = resolve_auto(
+        index, batch_size=o.batch_size, decode=o.decode, image_size=o.image_size,
+        num_workers=o.num_workers, prefetch_factor=o.prefetch_factor)
+    max_open = _max_open(index, o.shuffle_block, o.cache_dir)
+    if o.cache_dir is None and index.shards and is_url(index.shard_path(0)):
         _warn_no_cache(index, workers, max_open)
     decoder: CpuDecoder | RawDecoder
-    if decode == "cpu":
-        decoder = CpuDecoder(image_size=size, augment=augment, seed=seed, backend=decode_backend,
-                             image_field=image_field, transform=transform, scale=crop_scale,
-                             ratio=crop_ratio, flip=flip, crop_fraction=crop_fraction)
+    if o.decode == "cpu":
+        decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
+                             image_field=o.image_field, transform=o.transform, scale=o.crop_scale,
+                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction)
     else:
-        decoder = RawDecoder(transform)
-    source = ShardSource(index, cache_dir=cache_dir, cache_size=cache_size, storage_options=storage_options,
-                         max_open=max_open)
-    dataset = ShardBatches(source, decoder, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                           drop_last=drop_last, rank=rank, world_size=world_size,
-                           shuffle_block=shuffle_block, on_error=on_error)
+        decoder = RawDecoder(o.transform)
+    source = ShardSource(index, cache_dir=o.cache_dir, cache_size=o.cache_size,
+                         storage_options=o.storage_options, max_open=max_open)
+    dataset = ShardBatches(source, decoder, batch_size=o.batch_size, seed=o.seed, shuffle=o.shuffle,
+                           drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
+                           shuffle_block=o.shuffle_block, on_error=o.on_error)
     return Loader(
         dataset, num_workers=workers, prefetch_factor=prefetch,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else bool(pin_memory),
-        persistent_workers=persistent_workers, timeout=timeout,
-        multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
-        log_every=log_every, workers_from=workers_from, reuse_buffers=reuse_buffers,
+        pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
+        persistent_workers=o.persistent_workers, timeout=o.timeout,
+        multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
+        log_every=o.log_every, workers_from=workers_from, reuse_buffers=o.reuse_buffers,
     )
 
 

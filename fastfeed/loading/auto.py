@@ -20,7 +20,8 @@ from fastfeed.dist import local_world_size
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count
 from fastfeed.loading.knobs import SearchSpace, space_for
-from fastfeed.loading.tuned import TuneKey, TuneRecord, find_record, normalize_image_size
+from fastfeed.decode.geometry import normalize_image_size
+from fastfeed.loading.tuned import TuneKey, TuneRecord, find_record
 
 __all__ = ["HEURISTIC_MAX_WORKERS", "heuristic_workers", "lookup", "resolve_auto"]
 

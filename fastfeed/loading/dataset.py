@@ -57,7 +57,6 @@ Decoder = CpuDecoder | RawDecoder
 SKIPPED_KEY = "__skipped__"
 #: Batch key holding (read seconds, decode seconds, CPU seconds) of the batch's worker.
 TIMING_KEY = "__timing__"
-ON_ERROR = ("raise", "skip")
 
 
 class _Position:
@@ -83,13 +82,14 @@ class ShardBatches(IterableDataset):
         batch_size, seed, shuffle, drop_last, rank, world_size, shuffle_block: the plan
             (see :func:`fastfeed.loading.plan.plan_epoch`).
         on_error: ``"raise"`` or ``"skip"`` for bad samples.
+
+    Built by :func:`fastfeed.loader` from options already validated
+    (:func:`fastfeed.loading.options.loader_options`); nothing is checked again here.
     """
 
     def __init__(self, source: ShardSource, decoder: Decoder, *, batch_size: int, seed: int,
                  shuffle: bool, drop_last: bool, rank: int, world_size: int,
                  shuffle_block: int = DEFAULT_SHUFFLE_BLOCK, on_error: str = "raise") -> None:
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error={on_error!r}; use 'raise' or 'skip'")
         self.source, self.decoder = source, decoder
         self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
         self.rank, self.world_size, self.shuffle_block, self.on_error = rank, world_size, shuffle_block, on_error

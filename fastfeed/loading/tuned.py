@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from fastfeed.decode.geometry import normalize_image_size
+from fastfeed.errors import DestinationError
 from fastfeed.host import HostInfo, host_info
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.storage.remote import is_url as _is_url
@@ -50,7 +52,6 @@ __all__ = [
     "better_stored",
     "candidate_files",
     "find_record",
-    "normalize_image_size",
     "save_record",
     "stored_record",
 ]
@@ -59,16 +60,6 @@ log = logging.getLogger(__name__)
 
 DATASET_FILE = "fastfeed-tune.json"
 STORE_VERSION = 1
-
-
-def normalize_image_size(size: int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
-    """``224`` -> ``(224, 224)``; ``(h, w)`` stays; None stays None."""
-    if size is None:
-        return None
-    if isinstance(size, int):
-        return (size, size)
-    h, w = size
-    return (int(h), int(w))
 
 
 @dataclass(frozen=True)
@@ -319,8 +310,6 @@ def save_record(record: TuneRecord, root: str, store_dir: str | os.PathLike[str]
             log.info("%s: cannot write tune results (%s), trying the next place", path, e)
             continue
         return path
-    from fastfeed.errors import DestinationError
-
     raise DestinationError(
         f"no writable place for tune results (tried {', '.join(map(str, targets))}); "
         "pass store_dir= (CLI: --store-dir) or set FASTFEED_TUNE_DIR"

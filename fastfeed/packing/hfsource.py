@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from fastfeed.errors import BadFileError, ConfigError, EmptySourceError, missing_dependency
-from fastfeed.packing.walk import show
+from fastfeed.packing.source import show
 
 __all__ = ["hf_batches", "hf_ranges", "is_hf_folder", "is_hf_object", "load_from_disk", "refuse_dataset_dict"]
 

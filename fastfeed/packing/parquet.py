@@ -58,7 +58,7 @@ from fastfeed.packing.hfsource import (
     refuse_dataset_dict,
 )
 from fastfeed.packing.rows import RowProblem, Sample, batch_samples
-from fastfeed.packing.walk import show
+from fastfeed.packing.source import show
 
 __all__ = [
     "Sample",

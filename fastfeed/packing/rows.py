@@ -24,7 +24,7 @@ import numpy as np
 
 from fastfeed.errors import BadFileError, SourceError, UnsafePathError
 from fastfeed.packing.columns import LABEL_COLUMNS, ColumnField, encode, media_ext
-from fastfeed.packing.walk import key_problem, show
+from fastfeed.packing.source import key_problem, show
 
 __all__ = ["RowProblem", "Sample", "batch_samples"]
 

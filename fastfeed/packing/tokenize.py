@@ -39,7 +39,7 @@ import numpy as np
 from fastfeed._util import check_on_error
 from fastfeed.errors import BadFileError, ConfigError, SourceError, missing_dependency
 from fastfeed.packing.columns import TEXT_EXTS
-from fastfeed.packing.walk import show
+from fastfeed.packing.source import show
 
 __all__ = [
     "TOKENS_FIELD",

@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset, write_image_folder
 from _dist import epoch_keys, run_ranks
 import torch
 
 import fastfeed
-from fastfeed.loading.dali.backend import TUNE_SPACE, dali_loader
+from fastfeed.loading.dali.backend import TUNE_SPACE
+from fastfeed.loading.options import DALI_ONLY
 from fastfeed.errors import (
     ConfigError,
     IndexMismatchError,
@@ -30,7 +32,7 @@ from fastfeed.errors import (
     StateError,
 )
 from fastfeed.formats.tar import TarShardReader, TarShardWriter
-from fastfeed.packed.index import DatasetIndex, ShardInfo
+from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.plan import plan_epoch
 from tools.synth import make_jpeg
 
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.dali
 
 @pytest.fixture(scope="module")
 def dali() -> Any:
-    return pytest.importorskip("nvidia.dali")
+    return require_dali()
 
 
 @pytest.fixture(autouse=True)
@@ -50,23 +52,13 @@ def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
 
-def _write_folder(root: Path, sizes: list[tuple[int, int]], *, classes: int = 3, texture: float = 3.0) -> Path:
-    """An ImageFolder of smooth photo-like JPEGs (smooth, so resamplers agree closely)."""
-    rng = np.random.default_rng(7)
-    for i, size in enumerate(sizes):
-        d = root / f"c{i % classes}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"img{i:04d}.jpg").write_bytes(make_jpeg(rng, size, texture=texture))
-    return root
-
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """37 images of varied sizes, packed by ``fastfeed.pack`` into 5 tar shards."""
     rng = np.random.default_rng(1)
     sizes = [(int(rng.integers(40, 90)), int(rng.integers(40, 90))) for _ in range(37)]
     base = tmp_path_factory.mktemp("dali")
-    src = _write_folder(base / "src", sizes)
+    src = write_image_folder(base / "src", sizes)
     fastfeed.pack(src, base / "ff", samples_per_shard=8)
     return base / "ff"
 
@@ -75,41 +67,19 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def square(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """12 images of exactly 32x32 (no resize anywhere with image_size=32, crop_fraction=1)."""
     base = tmp_path_factory.mktemp("dali_sq")
-    src = _write_folder(base / "src", [(32, 32)] * 12, texture=20.0)
+    src = write_image_folder(base / "src", [(32, 32)] * 12, texture=20.0)
     fastfeed.pack(src, base / "ff", samples_per_shard=5)
     return base / "ff"
 
 
 def _loader(root: Path, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, image_size=16, device_id=None, num_threads=1,
-                                hw_decoder_load=0.65, prefetch_queue_depth=2)
+    args: dict[str, Any] = dict(batch_size=4, image_size=16, **DALI_CPU)
     args.update(kw)
-    return dali_loader(str(root), **args)
+    return fastfeed.loader(str(root), **args)
 
 
 def _keys(dl: Any) -> list[list[str]]:
     return [b["__key__"] for b in dl]
-
-
-def _tar_dataset(root: Path, samples: list[tuple[str, dict[str, bytes]]], per_shard: int,
-                 *, labels: list[int] | None = None) -> Path:
-    """A tar dataset written with the format writers (for samples ``pack`` would refuse)."""
-    root.mkdir(parents=True, exist_ok=True)
-    shards, offsets = [], []
-    for s in range(0, len(samples), per_shard):
-        name = f"shard-{s // per_shard:06d}.tar"
-        w = TarShardWriter(root / name)
-        chunk = samples[s : s + per_shard]
-        for key, fields in chunk:
-            offsets.append(w.add(key, fields))
-        (root / name.replace(".tar", ".idx")).write_text(w.dali_index())
-        size, sha = w.close()
-        shards.append(ShardInfo(name, len(chunk), size, sha, name.replace(".tar", ".idx")))
-    fields = tuple(sorted({f for _, fs in samples for f in fs}))
-    idx = DatasetIndex(format="tar", num_samples=len(samples), shards=tuple(shards), fields=fields)
-    lab = None if labels is None else np.array(labels)
-    idx.with_arrays(offsets=np.array(offsets), labels=lab).save(root)
-    return root
 
 
 # ---------------------------------------------------------------------- no DALI, no GPU
@@ -246,15 +216,15 @@ def test_shuffle_changes_with_epoch_and_is_deterministic(dali: Any, packed: Path
 
 
 # ---------------------------------------------------------------------- epochs and resume
-def test_epochs_restart_jump_and_discard_in_flight_batches(dali: Any, packed: Path) -> None:
+def test_epochs_jump_and_discard_in_flight_batches(dali: Any, packed: Path) -> None:
     ref = _loader(packed, seed=3)
-    want = {e: (ref.set_epoch(e), _keys(ref))[1] for e in (0, 1, 4)}
+    want = {e: (ref.set_epoch(e), _keys(ref))[1] for e in (0, 1, 2, 4)}
     dl = _loader(packed, seed=3, prefetch_queue_depth=3)
     it = iter(dl)
     assert [next(it)["__key__"] for _ in range(2)] == want[0][:2]
     it.close()  # abandoned mid-epoch: batches 2.. are already in flight
-    assert _keys(dl) == want[0]  # a new pass restarts the epoch
-    assert _keys(dl) == want[1]  # a completed pass moves on
+    assert _keys(dl) == want[1]  # a new pass is the next epoch, as on the CPU path
+    assert _keys(dl) == want[2]  # and so after a completed one
     dl.set_epoch(4)
     assert _keys(dl) == want[4]
     dl.set_epoch(0)
@@ -356,11 +326,7 @@ def test_augmentation_is_random_and_seeded(dali: Any, packed: Path) -> None:
 # ---------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def corrupt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = np.random.default_rng(3)
-    samples = [(f"k{i:03d}", {"jpg": make_jpeg(rng, (24, 20)), "cls": b"%d" % (i % 2)}) for i in range(14)]
-    samples[5] = ("k005", {"jpg": b"\xff\xd8\xff not really a jpeg " * 20, "cls": b"1"})
-    samples[9] = ("k009", {"txt": b"no image here", "cls": b"1"})
-    return _tar_dataset(tmp_path_factory.mktemp("corrupt") / "ff", samples, 6)
+    return tar_dataset(tmp_path_factory.mktemp("corrupt") / "ff", corrupt_samples(), 6)
 
 
 def test_undecodable_sample_raises_with_shard_and_key(dali: Any, corrupt: Path) -> None:
@@ -368,7 +334,7 @@ def test_undecodable_sample_raises_with_shard_and_key(dali: Any, corrupt: Path) 
         _loader(corrupt)
     samples = [(f"k{i:03d}", {"jpg": make_jpeg(np.random.default_rng(i), (24, 20))}) for i in range(6)]
     samples[2] = ("k002", {"jpg": b"garbage" * 40})
-    root = _tar_dataset(corrupt.parent / "one_bad", samples, 6)
+    root = tar_dataset(corrupt.parent / "one_bad", samples, 6)
     with pytest.raises(SampleError) as e:
         list(_loader(root, shuffle=False, batch_size=3))
     assert "shard-000000.tar" in str(e.value) and "k002" in str(e.value) and e.value.key == "k002"
@@ -394,7 +360,7 @@ def test_batch_of_only_bad_samples_still_makes_a_step(dali: Any, tmp_path: Path)
     samples = [(f"k{i}", {"jpg": make_jpeg(rng, (16, 16))}) for i in range(4)]
     samples[2] = ("k2", {"jpg": b"bad" * 50})
     samples[3] = ("k3", {"jpg": b"bad" * 50})
-    dl = _loader(_tar_dataset(tmp_path / "ff", samples, 4), shuffle=False, batch_size=2, on_error="skip")
+    dl = _loader(tar_dataset(tmp_path / "ff", samples, 4), shuffle=False, batch_size=2, on_error="skip")
     got = list(dl)
     assert [b["__key__"] for b in got] == [["k0", "k1"], []]
     assert got[1]["image"].shape == (0, 3, 16, 16) and dl.stats.skipped == 2
@@ -412,7 +378,7 @@ def test_index_problems_are_named(dali: Any, packed: Path, tmp_path: Path) -> No
     (broken / "shard-000001.idx").write_text("\n".join(text[:-1]) + "\n")
     with pytest.raises(IndexMismatchError, match="shard-000001.idx"):
         _loader(broken)
-    lmdb_src = _write_folder(tmp_path / "src", [(20, 20)] * 4)
+    lmdb_src = write_image_folder(tmp_path / "src", [(20, 20)] * 4)
     fastfeed.pack(lmdb_src, tmp_path / "lmdb", format="lmdb")
     with pytest.raises(ConfigError, match="tar shards.*decode='cpu'"):
         _loader(tmp_path / "lmdb")
@@ -498,10 +464,10 @@ def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, pa
     from fastfeed.tuning.search import search
     from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
 
-    params = inspect.signature(dali_loader).parameters
+    params = inspect.signature(fastfeed.loader).parameters
     assert TUNE_SPACE.workers == (0,)
-    for knob in TUNE_SPACE.knobs:
-        assert knob.name in params and knob.default in knob.candidates(16)
+    for knob in TUNE_SPACE.knobs:  # loader() takes them through **dali_options
+        assert knob.name in DALI_ONLY and knob.name not in params and knob.default in knob.candidates(16)
     assert TUNE_SPACE.knobs[1].candidates(4) == (2, 4)
 
     from fastfeed.timing.measure import measure
@@ -517,11 +483,11 @@ def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, pa
     key = TuneKey(idx.fingerprint, host_info(), 1, 4, "dali", (16, 16))
     save_record(TuneRecord(key, 0, None, {"num_threads": 3, "hw_decoder_load": 0.9,
                                           "prefetch_queue_depth": 3}, 1000.0, "2026-01-01"), str(packed))
-    dl = dali_loader(str(packed), batch_size=4, image_size=16, device_id=None)
+    dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", device_id=None)
     o = dl.options
     assert (o.num_threads, o.hw_decoder_load, o.prefetch_queue_depth, o.knobs_from) == (3, 0.9, 3, "tuned")
     assert next(iter(dl))["image"].shape == (4, 3, 16, 16)
-    other = dali_loader(str(packed), batch_size=8, image_size=16, device_id=None)  # another key
+    other = fastfeed.loader(str(packed), batch_size=8, image_size=16, decode="dali", device_id=None)  # another key
     assert other.options.knobs_from == "default" and other.options.hw_decoder_load == 0.65
 
 

@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 
+from _dali_data import DALI_CPU
+
 import fastfeed
 from fastfeed.loading.dali.pipeline import _AHEAD, DaliLoader
 from fastfeed.loading.dali.feed import EPOCH, GENERATION, LABEL, SAMPLE, STEP, image_bytes, tensor_batch
-from fastfeed.loading.dali.backend import dali_loader, import_dali
+from fastfeed.loading.dali.backend import import_dali
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import DatasetIndex, ShardInfo
 from tools.synth import make_jpeg
@@ -57,10 +59,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loader(root: Path, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, image_size=16, device_id=None, num_threads=1,
-                                hw_decoder_load=0.65, prefetch_queue_depth=2, seed=3)
+    args: dict[str, Any] = dict(batch_size=4, image_size=16, seed=3, **DALI_CPU)
     args.update(kw)
-    return dali_loader(str(root), **args)
+    return fastfeed.loader(str(root), **args)
 
 
 def _with(dl: Any, dali: SimpleNamespace) -> DaliLoader:
@@ -73,7 +74,7 @@ def test_feeder_gives_dali_views_of_the_mapped_shards_and_meta_rows(dali: Any, p
     feeder, table, maps = dl._feeder, dl._table, dl._maps
     feeder.restart(epoch=1, step=2)
     images, meta = feeder()
-    planned = dl._plan(1).batch(2)
+    planned = dl._cursor.plan(1).batch(2)
     assert meta.dtype == np.int64 and meta.shape == (len(planned), 5)
     assert (meta[:, GENERATION] == feeder.generation).all()
     assert (meta[:, EPOCH] == 1).all() and (meta[:, STEP] == 2).all()

@@ -17,14 +17,17 @@ How it works:
   remainder). DALI's own ``fn.readers.webdataset`` is not used for this: its shuffle is
   a buffer seeded once per pipeline, its ``shard_id`` split gives ranks unequal counts,
   and it cannot start mid-epoch.
-- **Epochs**: one pipeline streams epoch after epoch (the next epoch's first batches
-  are decoded while the current one ends, so there is no refill bubble); ``set_epoch``
-  to anything else, or a new ``iter()`` mid-epoch, restarts the feed and discards the
-  few batches already in flight.
+- **Epochs**: the rules of :mod:`fastfeed.loading.cursor`, the one epoch cursor that the
+  CPU loader drives too: without ``set_epoch`` every new pass runs the next epoch,
+  whether the previous pass finished or was abandoned. One pipeline streams epoch after
+  epoch (the next epoch's first batches are decoded while the current one ends, so there
+  is no refill bubble); a pass that starts anywhere else (``set_epoch`` to another epoch,
+  a new ``iter()`` after a ``break``) restarts the feed and discards the few batches
+  already in flight.
 - **Resume**: ``state_dict()`` is a few integers (epoch, batches consumed, the world
   shape, the seed, the dataset fingerprint); ``load_state_dict()`` in a fresh process
   continues with exactly the remaining batches of the epoch, in the same order, at any
-  batch (and is interchangeable with ``decode="cpu"``'s). The random crops and flips are
+  batch (and is interchangeable with ``decode="cpu"``'s: the same cursor writes both). The random crops and flips are
   DALI's (``fn.decoders.image_random_crop``, ``fn.random.coin_flip``): they are drawn
   from the pipeline's generator, seeded from (seed, rank, epoch, batch) when the
   pipeline is built, so they are reproducible for a run that starts at the same point,
@@ -47,8 +50,12 @@ DALI knobs: ``num_threads`` (DALI's CPU threads), ``hw_decoder_load`` (share of 
 sent to the hardware decoder; the best value depends on image sizes and must be
 measured), ``prefetch_queue_depth``. ``"auto"`` takes them from ``fastfeed tune
 --decode dali`` (:data:`TUNE_SPACE`) for this dataset, host and batch shape, else
-:data:`DEFAULTS`. ``num_workers`` and ``prefetch_factor`` are accepted so code can switch
-``decode=`` freely, but unused: no worker processes exist, DALI's threads do the work.
+:data:`DEFAULTS`. There are no worker processes: DataLoader options that would need them
+(``num_workers=8``, ``prefetch_factor=4``, ``worker_init_fn``, ``timeout``, ...) are an
+error that says what to set instead, their neutral values (``"auto"``, 0, None) are
+accepted so code can switch ``decode=``; ``pin_memory``, ``persistent_workers`` and
+``reuse_buffers`` have no effect (the pipeline already does what they ask for). The
+lists are in :mod:`fastfeed.loading.options`, where every option is validated.
 
 ``device_id=None`` runs the whole pipeline on the CPU (DALI's CPU decoder, CPU
 tensors): slow, meant for tests and machines without a GPU.
@@ -66,27 +73,26 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any
 
+from fastfeed.dist import local_world_size
 from fastfeed.errors import ConfigError, MissingDependencyError
-from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.host import cpu_count
+from fastfeed.loading.auto import lookup
+from fastfeed.loading.dali.pipeline import DaliLoader
 from fastfeed.loading.knobs import Knob, SearchSpace
-
+from fastfeed.loading.options import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, check_dali_knobs
 from fastfeed.packed.index import DatasetIndex
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fastfeed.loading.dali.pipeline import DaliLoader
 
 __all__ = [
     "DALI_INSTALL",
     "DEFAULTS",
+    "DaliLoader",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "TUNE_SPACE",
-    "DaliLoader",
-    "DaliOptions",
     "dali_available",
     "dali_loader",
     "import_dali",
@@ -103,10 +109,6 @@ DALI_INSTALL = (
 #: at the cores per local rank (see :func:`default_num_threads`).
 DEFAULTS: dict[str, Any] = {"num_threads": 8, "hw_decoder_load": 0.65, "prefetch_queue_depth": 2}
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-OUTPUTS = ("uint8", "float16", "float32")
-LAYOUTS = ("NCHW", "NHWC")
 
 #: What ``fastfeed tune --decode dali`` searches (see :mod:`fastfeed.loading.knobs`):
 #: no DataLoader workers; one coordinate pass over the hardware decoder's share (the
@@ -175,81 +177,7 @@ def dali_available() -> bool:
     return True
 
 
-# ---------------------------------------------------------------------- options
-@dataclass(frozen=True)
-class DaliOptions:
-    """Validated settings of a :class:`DaliLoader` (see :func:`dali_loader`)."""
-
-    batch_size: int
-    image_size: tuple[int, int]
-    shuffle: bool = True
-    seed: int = 0
-    augment: bool = True
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = True
-    crop_fraction: float = 0.875
-    rank: int = 0
-    world_size: int = 1
-    drop_last: bool = False
-    on_error: str = "raise"
-    num_threads: int = DEFAULTS["num_threads"]
-    hw_decoder_load: float = DEFAULTS["hw_decoder_load"]
-    prefetch_queue_depth: int = DEFAULTS["prefetch_queue_depth"]
-    device_id: int | None = 0
-    output: str = "uint8"
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    layout: str = "NCHW"
-    image_field: str | None = None
-    shuffle_block: int = DEFAULT_SHUFFLE_BLOCK
-    knobs_from: str = "explicit"
-
-    @property
-    def gpu(self) -> bool:
-        return self.device_id is not None
-
-
-def _image_size(image_size: Any) -> tuple[int, int]:
-    if image_size is None:
-        raise ConfigError(
-            "decode='dali' needs image_size= (an int or (height, width)): DALI delivers each "
-            "batch as one tensor, so every image is cropped/resized to one size"
-        )
-    from fastfeed.decode.cpu import normalize_image_size
-
-    size = normalize_image_size(image_size)
-    return size if size is not None else (0, 0)
-
-
-def _pair(name: str, value: Sequence[float], lo: float, hi: float) -> tuple[float, float]:
-    try:
-        a, b = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r}: give two numbers (low, high)") from None
-    if not lo < a <= b <= hi:
-        raise ConfigError(f"{name}={value!r}: need {lo} < low <= high <= {hi}")
-    return a, b
-
-
-def _triple(name: str, value: Sequence[float] | None) -> tuple[float, float, float] | None:
-    if value is None:
-        return None
-    try:
-        vals = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        vals = ()
-    if len(vals) != 3:
-        raise ConfigError(f"{name}={value!r}: give one value per RGB channel, in the 0-1 scale")
-    return vals  # type: ignore[return-value]
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum} (or 'auto')")
-    return value
-
-
+# ---------------------------------------------------------------------- the loader
 def resolve_device(device_id: int | str | None) -> int | None:
     """``"auto"`` -> this process's GPU (``LOCAL_RANK``, else the current CUDA device).
 
@@ -273,9 +201,8 @@ def resolve_device(device_id: int | str | None) -> int | None:
     if device_id == "auto":
         local = os.environ.get("LOCAL_RANK")
         device_id = int(local) % count if local is not None and local.isdigit() else torch.cuda.current_device()
-    device_id = _int("device_id", device_id, 0)
-    if device_id >= count:
-        raise ConfigError(f"device_id={device_id} but this machine has {count} CUDA device(s)")
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < count:
+        raise ConfigError(f"device_id={device_id!r} but this machine has {count} CUDA device(s) (0..{count - 1})")
     return device_id
 
 
@@ -286,33 +213,29 @@ def default_num_threads() -> int:
         >>> 1 <= default_num_threads() <= DEFAULTS["num_threads"]
         True
     """
-    from fastfeed.dist import local_world_size
-    from fastfeed.host import cpu_count
-
     return max(1, min(DEFAULTS["num_threads"], cpu_count() // local_world_size()))
 
 
-def _resolve_knobs(index: DatasetIndex, batch_size: int, image_size: tuple[int, int],
-                   knobs: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Replace ``"auto"`` knobs by the stored tune result, else by the defaults."""
-    auto = [k for k, v in knobs.items() if v == "auto" or v is None]
+def _resolve_knobs(index: DatasetIndex, o: LoaderOptions) -> tuple[dict[str, Any], str]:
+    """The DALI knobs with ``"auto"`` replaced by the stored tune result, else the defaults."""
+    knobs = {k.name: getattr(o, k.name) for k in TUNE_SPACE.knobs}
+    auto = [k for k, v in knobs.items() if v == "auto"]
     if not auto:
         return knobs, "explicit"
-    from fastfeed.loading.auto import lookup
-
-    rec = lookup(index, batch_size=batch_size, decode="dali", image_size=image_size)
+    size = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
+    rec = lookup(index, batch_size=o.batch_size, decode="dali", image_size=size)
     out = dict(knobs)
-    source = "tuned" if rec is not None else "default"
     for k in auto:
         if rec is not None and k in rec.knobs:
             out[k] = rec.knobs[k]
         else:
             out[k] = default_num_threads() if k == "num_threads" else DEFAULTS[k]
+    out = check_dali_knobs(out)  # a tune file is data read from disk
     if rec is not None:
         log.info("decode='dali': tuned %s from %s", {k: out[k] for k in auto}, rec.path)
     else:
-        _hint(index, batch_size, image_size, {k: out[k] for k in auto})
-    return out, source
+        _hint(index, o.batch_size, size, {k: out[k] for k in auto})
+    return out, "tuned" if rec is not None else "default"
 
 
 def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], used: dict[str, Any]) -> None:
@@ -327,194 +250,36 @@ def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], use
         ", ".join(f"{k}={v}" for k, v in sorted(used.items())), index.root or "DATASET", batch_size, size)
 
 
-def _check_unused(transform: Any, num_workers: Any, prefetch_factor: Any, worker_init_fn: Any,
-                  extra: dict[str, Any]) -> None:
-    if transform is not None:
-        raise ConfigError(
-            "decode='dali' does not run transform= (a Python function per sample would undo GPU "
-            "decoding); use the built-in augment/output/mean/std, transform the CUDA batch in "
-            "your training step, or use decode='cpu'"
-        )
-    if worker_init_fn is not None:
-        raise ConfigError("decode='dali' has no worker processes, so worker_init_fn= would never run; drop it")
-    unknown = {k: v for k, v in extra.items() if v is not None}
-    if unknown:
-        raise ConfigError(f"decode='dali' does not take {', '.join(sorted(unknown))}; see fastfeed.loading.dali.backend")
-    if num_workers not in ("auto", None, 0) or prefetch_factor not in ("auto", None):
-        log.debug("decode='dali': num_workers=%r / prefetch_factor=%r unused (DALI threads decode; "
-                  "set num_threads / prefetch_queue_depth)", num_workers, prefetch_factor)
+def dali_loader(index: DatasetIndex, options: LoaderOptions) -> DaliLoader:
+    """The ``decode="dali"`` loader over a packed tar dataset (see the module docstring).
 
-
-def dali_loader(
-    path_or_url: str | os.PathLike[str] | DatasetIndex,
-    *,
-    batch_size: int,
-    shuffle: bool = True,
-    seed: int = 0,
-    image_size: int | tuple[int, int] | None = None,
-    augment: bool = True,
-    crop_scale: tuple[float, float] = (0.08, 1.0),
-    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    flip: bool = True,
-    crop_fraction: float = 0.875,
-    rank: int | None = None,
-    world_size: int | None = None,
-    drop_last: bool = False,
-    on_error: str = "raise",
-    image_field: str | None = None,
-    num_threads: int | str = "auto",
-    hw_decoder_load: float | str = "auto",
-    prefetch_queue_depth: int | str = "auto",
-    device_id: int | str | None = "auto",
-    output: str = "uint8",
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-    layout: str = "NCHW",
-    shuffle_block: int = DEFAULT_SHUFFLE_BLOCK,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: str | int = "50GB",
-    storage_options: dict[str, Any] | None = None,
-    log_every: int | None = None,
-    decode: str | None = "dali",
-    num_workers: int | str | None = "auto",
-    prefetch_factor: int | str | None = "auto",
-    transform: Any = None,
-    worker_init_fn: Any = None,
-    pin_memory: Any = None,
-    persistent_workers: Any = None,
-    decode_backend: Any = None,
-    timeout: Any = None,
-    multiprocessing_context: Any = None,
-    **unsupported: Any,
-) -> DaliLoader:
-    """A DALI GPU-decoding loader over a packed tar dataset (see the module docstring).
-
-    ``fastfeed.loader(..., decode="dali")`` calls this with its own arguments; the DALI
-    knobs (``num_threads`` ... ``layout``) are specific to it.
+    ``fastfeed.loader(..., decode="dali")`` calls this with the dataset's index and its
+    validated options (:func:`fastfeed.loading.options.loader_options`); here the DALI
+    knobs left ``"auto"`` are resolved (a stored tune result, else :data:`DEFAULTS`) and
+    ``device_id`` becomes a device.
 
     Args:
-        path_or_url: the packed dataset (folder, fsspec URL (needs ``cache_dir``), or a
-            loaded :class:`~fastfeed.packed.index.DatasetIndex`).
-        batch_size: samples per batch.
-        shuffle: shuffle every epoch (a pure function of ``seed`` and the epoch).
-        seed: the shuffle seed (also seeds DALI's augmentation generator).
-        image_size: output ``int`` or ``(height, width)``; required.
-        augment: RandomResizedCrop + flip (True) or the evaluation center crop.
-        crop_scale: RandomResizedCrop area range.
-        crop_ratio: RandomResizedCrop aspect-ratio range.
-        flip: random horizontal flip when augmenting.
-        crop_fraction: evaluation crop as a fraction of the shorter side.
-        rank: this rank (default: :func:`fastfeed.dist.resolve_world`).
-        world_size: number of ranks (same).
-        drop_last: drop the remainder (True) or repeat at most ``world_size - 1``
-            samples and end with a short batch (False); equal steps on every rank either way.
-        on_error: ``"raise"`` (a :class:`~fastfeed.errors.SampleError` naming shard, key
-            and offset; samples without an image field are reported when the loader is
-            built) or ``"skip"`` (drop the sample, count it in ``stats``, log once).
-        image_field: the field to decode (default: jpg, jpeg, png, webp, ... per sample).
-        num_threads: DALI's CPU threads, or ``"auto"``.
-        hw_decoder_load: share of JPEGs for the hardware decoder (0..1), or ``"auto"``.
-        prefetch_queue_depth: batches DALI prepares ahead, or ``"auto"``.
-        device_id: CUDA device, ``"auto"`` (``LOCAL_RANK`` / the current device), or
-            None for a CPU-only pipeline.
-        output: ``"uint8"`` (0..255, like the CPU path), ``"float16"`` or ``"float32"``
-            (normalised by ``mean``/``std``).
-        mean: per-channel mean in the 0-1 scale for float outputs (default ImageNet's).
-        std: per-channel std in the 0-1 scale for float outputs (default ImageNet's).
-        layout: ``"NCHW"`` or ``"NHWC"``.
-        shuffle_block: samples mixed together in a rank's span (as the CPU path).
-        cache_dir: local shard cache for remote datasets.
-        cache_size: bound of that cache.
-        storage_options: fsspec options for remote datasets.
-        log_every: log one stats line every N batches.
-        decode: ``"dali"`` (accepted from ``loader()``).
-        num_workers: accepted and unused (no worker processes; see ``num_threads``).
-        prefetch_factor: accepted and unused (see ``prefetch_queue_depth``).
-        transform: must be None (see the module docstring).
-        worker_init_fn: must be None (there are no workers to initialise).
-        pin_memory: unused (batches are on the GPU already).
-        persistent_workers: unused.
-        decode_backend: unused (the CPU path's JPEG library choice).
-        timeout: unused.
-        multiprocessing_context: unused.
-        **unsupported: other options; a non-None value is an error.
+        index: the packed dataset's index (tar shards with DALI index files).
+        options: the loader's options, ``decode="dali"``.
 
     Returns:
-        A :class:`DaliLoader`.
+        A :class:`DaliLoader`; ``options.knobs_from`` says where its knobs came from.
 
     Raises:
         MissingDependencyError: DALI is not installed (the message has the pip line).
-        ConfigError: no GPU (suggests ``decode="cpu"``), or an invalid option.
+        ConfigError: no GPU (suggests ``decode="cpu"``), or options of another ``decode``.
         IndexMismatchError: the dataset's DALI index files are missing or wrong.
 
     Example:
-        >>> dl = dali_loader("/data/ff", batch_size=256, image_size=224)  # doctest: +SKIP
-        >>> len(dl), next(iter(dl))["image"].shape                       # doctest: +SKIP
+        >>> o = loader_options(batch_size=256, image_size=224, decode="dali")   # doctest: +SKIP
+        >>> dl = dali_loader(DatasetIndex.load("/data/ff"), o)                  # doctest: +SKIP
+        >>> len(dl), next(iter(dl))["image"].shape                              # doctest: +SKIP
         (5005, torch.Size([256, 3, 224, 224]))
     """
-    from fastfeed.loading.dataset import check_shards, resolve_index
-    from fastfeed.loading.dali.pipeline import DaliLoader
-    from fastfeed.dist import resolve_world
-
-    if decode not in ("dali", None):
-        raise ConfigError(f"dali_loader() got decode={decode!r}; it only does decode='dali'")
-    _check_unused(transform, num_workers, prefetch_factor, worker_init_fn, unsupported)
+    if options.decode != "dali":
+        raise ConfigError(f"dali_loader() got options with decode={options.decode!r}; build them with "
+                          "loader_options(decode='dali', ...)")
     d = import_dali()
-    size = _image_size(image_size)
-    if on_error not in ("raise", "skip"):
-        raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-    if output not in OUTPUTS:
-        raise ConfigError(f"output={output!r} must be one of {', '.join(OUTPUTS)}")
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout={layout!r} must be 'NCHW' or 'NHWC'")
-    if output == "uint8" and (mean is not None or std is not None):
-        raise ConfigError("mean/std normalise float outputs; pass output='float16' (or 'float32') with them")
-    if not 0 < float(crop_fraction) <= 1:
-        raise ConfigError(f"crop_fraction={crop_fraction} must be in (0, 1]")
-    batch_size = _int("batch_size", batch_size, 1)
-    rank, world_size = resolve_world(rank, world_size)
-    if not isinstance(path_or_url, (str, os.PathLike, DatasetIndex)):
-        raise ConfigError(
-            f"decode='dali' reads one packed dataset (a folder or URL with index.json), not "
-            f"{type(path_or_url).__name__}; pack the tars with `fastfeed pack` (it writes the DALI "
-            "index files) or use decode='cpu'")
-    idx = resolve_index(path_or_url, cache_dir=cache_dir, cache_size=cache_size,
-                        storage_options=storage_options)
-    check_shards(idx)
-    if drop_last and idx.num_samples // world_size < batch_size:
-        raise ConfigError(
-            f"{idx.num_samples} samples over world_size={world_size} cannot fill one batch of "
-            f"{batch_size} per rank with drop_last=True; lower batch_size or pass drop_last=False")
-    knobs, source = _resolve_knobs(idx, batch_size, size, {
-        "num_threads": num_threads, "hw_decoder_load": hw_decoder_load,
-        "prefetch_queue_depth": prefetch_queue_depth})
-    load = float(knobs["hw_decoder_load"])
-    if not 0.0 <= load <= 1.0:
-        raise ConfigError(f"hw_decoder_load={load} must be in [0, 1]")
-    float_out = output != "uint8"
-    opts = DaliOptions(
-        batch_size=batch_size, image_size=size, shuffle=bool(shuffle), seed=_int("seed", seed, 0),
-        augment=bool(augment), scale=_pair("crop_scale", crop_scale, 0.0, 1.0),
-        ratio=_pair("crop_ratio", crop_ratio, 0.0, 100.0), flip=bool(flip),
-        crop_fraction=float(crop_fraction), rank=rank, world_size=world_size,
-        drop_last=bool(drop_last), on_error=on_error,
-        num_threads=_int("num_threads", knobs["num_threads"], 1), hw_decoder_load=load,
-        prefetch_queue_depth=_int("prefetch_queue_depth", knobs["prefetch_queue_depth"], 1),
-        device_id=resolve_device(device_id), output=output,
-        mean=_triple("mean", mean if mean is not None or not float_out else IMAGENET_MEAN),
-        std=_triple("std", std if std is not None or not float_out else IMAGENET_STD),
-        layout=layout, image_field=image_field, shuffle_block=_int("shuffle_block", shuffle_block, 1),
-        knobs_from=source,
-    )
-    if opts.std is not None and min(opts.std) <= 0:
-        raise ConfigError(f"std={opts.std} must be positive")
-    return DaliLoader(idx, opts, dali=d, cache_dir=cache_dir, cache_size=cache_size,
-                      storage_options=storage_options, log_every=log_every)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "DaliLoader":  # the class lives with the pipeline code, imported on use
-        from fastfeed.loading.dali.pipeline import DaliLoader
-
-        return DaliLoader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    knobs, source = _resolve_knobs(index, options)
+    resolved = replace(options, **knobs, knobs_from=source, device_id=resolve_device(options.device_id))
+    return DaliLoader(index, resolved, dali=d)

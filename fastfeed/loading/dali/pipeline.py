@@ -1,4 +1,6 @@
-"""The DALI pipeline and the loader object around it (see :mod:`fastfeed.loading.dali.backend`).
+"""The loader object around fastfeed's DALI pipeline (see :mod:`fastfeed.loading.dali.backend`;
+the graph itself is :mod:`fastfeed.loading.dali.graph`, the epochs and resume state
+:mod:`fastfeed.loading.cursor`).
 
 One pipeline lives as long as the loader. The loader feeds it the batches of
 :class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch,
@@ -30,7 +32,7 @@ import os
 import re
 import time
 import weakref
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -38,7 +40,6 @@ import torch
 from fastfeed.loading.dali.feed import (
     EPOCH,
     GENERATION,
-    LABEL,
     SAMPLE,
     STEP,
     BatchFeeder,
@@ -50,14 +51,15 @@ from fastfeed.loading.dali.feed import (
     tensor_batch,
     where,
 )
+from fastfeed.loading.dali.graph import ENCODED, META, PROBE, build_pipeline, pipeline_seed, probe_pipeline
 from fastfeed.loading.dali.table import SampleTable, sample_table
-from fastfeed.loading.dali.backend import DaliOptions
-from fastfeed.errors import ConfigError, FastfeedError, SampleError
+from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.api import STATE_VERSION, check_state
-from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
+from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
+from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.stats import LoaderStats
 
+# build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
 __all__ = ["DaliLoader", "build_pipeline"]
 
 log = logging.getLogger(__name__)
@@ -105,98 +107,37 @@ def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -
     return table
 
 
-#: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
-ENCODED, META = "ff_encoded", "ff_meta"
-
-
-def build_pipeline(d: Any, o: DaliOptions, seed: int) -> Any:
-    """Define and build fastfeed's DALI pipeline, fed batch by batch through two inputs:
-    :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
-    :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
-    :data:`~fastfeed.loading.dali.feed.LABEL`).
-
-    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
-    """
-    fn, types = d.fn, d.types
-    h, w = o.image_size
-    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=o.num_threads, device_id=o.device_id,
-                      seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
-    decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": types.RGB}
-    if o.gpu:
-        decoder["hw_decoder_load"] = o.hw_decoder_load
-    with pipe:
-        encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
-        meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
-        labels = meta[LABEL]
-        if o.augment:
-            images = fn.decoders.image_random_crop(
-                encoded, random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
-                num_attempts=10, **decoder)
-            images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
-        else:
-            anchor, shape = _center_box(d, encoded, o)
-            images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
-                                             normalized_anchor=False, normalized_shape=False, **decoder)
-            images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror = 0
-        norm: dict[str, Any] = {}
-        if o.output != "uint8":
-            norm = {"mean": [255.0 * m for m in o.mean or ()], "std": [255.0 * s for s in o.std or ()]}
-        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.output]
-        images = fn.crop_mirror_normalize(
-            images, dtype=dtype, output_layout="CHW" if o.layout == "NCHW" else "HWC",
-            mirror=mirror, **norm)
-        pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
-    pipe.build()
-    return pipe
-
-
-def _center_box(d: Any, encoded: Any, o: DaliOptions) -> tuple[Any, Any]:
-    """The CPU path's evaluation crop (:func:`fastfeed.decode.geometry.center_crop`) as DALI
-    graph arithmetic on each image's header size: (top, left) and (height, width)."""
-    import nvidia.dali.math as dmath
-
-    out_h, out_w = o.image_size
-    size = d.fn.cast(d.fn.peek_image_shape(encoded), dtype=d.types.FLOAT)  # upright (H, W, C)
-    height, width = size[0], size[1]
-    scale = dmath.min(height, width) * (o.crop_fraction / max(out_h, out_w))
-    h = dmath.clamp(dmath.floor(scale * out_h + 0.5), 1.0, height)
-    w = dmath.clamp(dmath.floor(scale * out_w + 0.5), 1.0, width)
-    top, left = dmath.floor((height - h) * 0.5), dmath.floor((width - w) * 0.5)
-    return d.fn.stack(top, left), d.fn.stack(h, w)
-
-
-def _pipeline_seed(o: DaliOptions, epoch: int, step: int, builds: int) -> int:
-    ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
-    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
-
-
-class DaliLoader:
+class DaliLoader(Resumable):
     """Batches of GPU-decoded images in fastfeed's order (see :mod:`fastfeed.loading.dali.backend`).
 
     Not a ``torch.utils.data.DataLoader`` (nothing here is a Dataset with workers), so
     Lightning and Accelerate pass it through untouched instead of re-wrapping its sampler.
+    ``len``, ``epoch``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are those of
+    the CPU loader (:class:`~fastfeed.loading.cursor.Resumable` over the same
+    :class:`~fastfeed.loading.cursor.EpochCursor`): without ``set_epoch`` every new pass
+    runs the next epoch, finished or abandoned; a pass begins at the first ``next()``, and
+    only the newest pass delivers batches.
 
     Attributes:
         batch_size: samples per batch.
-        options: the validated :class:`~fastfeed.loading.dali.backend.DaliOptions`.
+        options: the validated :class:`~fastfeed.loading.options.LoaderOptions` (DALI
+            knobs and ``device_id`` resolved).
         index: the dataset index.
+        rank, world_size: this process's place in the job.
         stats: per-step wait times, throughput and skipped samples.
     """
 
-    def __init__(self, index: DatasetIndex, options: DaliOptions, *, dali: Any,
-                 cache_dir: Any = None, cache_size: str | int = "50GB",
-                 storage_options: Any = None, log_every: int | None = None) -> None:
+    def __init__(self, index: DatasetIndex, options: LoaderOptions, *, dali: Any) -> None:
         self.index = index
         self.options = options
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
-        self.stats = LoaderStats(log_every=log_every)
+        self.stats = LoaderStats(log_every=options.log_every)
+        self._cursor = EpochCursor.for_options(index, options)
         self._dali = dali
-        self._maps = ShardMaps(index, cache_dir=cache_dir, cache_size=cache_size,
-                               storage_options=storage_options)
-        self._table = _table(index, options.image_field, storage_options)
+        self._maps = ShardMaps(index, cache_dir=options.cache_dir, cache_size=options.cache_size,
+                               storage_options=options.storage_options)
+        self._table = _table(index, options.image_field, options.storage_options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
@@ -205,21 +146,14 @@ class DaliLoader:
         # counts for the others): "cls" when labels come from the index, "txt", "json", ...
         self._other = [e for e in self._table.exts
                        if e != self._label_field and self._beside_image(e).any()]
-        self._num_batches = num_batches(index.num_samples, world_size=options.world_size,
-                                        batch_size=options.batch_size, drop_last=options.drop_last)
-        self._plans: dict[int, EpochPlan] = {}
-        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg(),
+        self._num_batches = self._cursor.num_batches
+        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
         self._pipe: Any = None
         self._dynamic = False  # the pipeline runs DALI's dynamic executor
         self._builds = 0
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
-        self._epoch = 0
-        self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
-        self._start = 0  # first batch of the next pass (a loaded resume point)
-        self._epoch_set = False
-        self._passes = 0
         self._check_images()
 
     # ------------------------------------------------------------------ setup
@@ -247,104 +181,23 @@ class DaliLoader:
                 shard=shard, key=key)
         self._feeder.exclude(missing.tolist())
 
-    def _plan(self, epoch: int) -> EpochPlan:
-        plan = self._plans.get(epoch)
-        if plan is None:
-            o = self.options
-            plan = plan_epoch(self.index.shard_counts, seed=o.seed, epoch=epoch, world_size=o.world_size,
-                              rank=o.rank, batch_size=o.batch_size, drop_last=o.drop_last,
-                              shuffle=o.shuffle, shuffle_block=o.shuffle_block)
-            if len(self._plans) >= 3:
-                self._plans.pop(min(self._plans))
-            self._plans[epoch] = plan
-        return plan
-
     # ------------------------------------------------------------------ the API
-    # Epoch and resume semantics are those of fastfeed.loading.api.Loader (decode="cpu"), and
-    # so is the state_dict layout: a state saved with one decode mode resumes in the other.
-    def __len__(self) -> int:
-        """Batches per epoch, the same on every rank."""
-        return self._num_batches
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the current (or next) pass."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` on the next pass (from its start, or from a loaded resume point).
-
-        Without calls, a pass after a *completed* epoch moves to the next epoch by
-        itself; a pass after an abandoned one restarts that epoch.
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch({epoch!r}): the epoch is an integer >= 0")
-        if epoch != self._epoch or self._consumed >= len(self):
-            self._start = self._consumed = 0
-        self._epoch, self._epoch_set = epoch, True
-
-    def _begin_pass(self) -> tuple[int, int]:
-        if not self._epoch_set and self._consumed >= len(self) > 0:
-            self._epoch += 1  # the last pass finished its epoch: the next one is new
-            self._start = 0
-        start = self._start if self._start < len(self) else 0
-        self._start, self._epoch_set, self._consumed = 0, False, start
-        return self._epoch, start
-
+    # len, epoch, set_epoch, state_dict, load_state_dict: Resumable (fastfeed.loading.cursor)
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch, start = self._begin_pass()
-        self._passes += 1
-        self.stats.begin_pass()
-        return self._run(epoch, start, self._passes)
+        return self._cursor.run(self._open_pass)
 
-    def _run(self, epoch: int, start: int, token: int) -> Iterator[dict[str, Any]]:
+    def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
+        self.stats.begin_pass()
+        return self._run(p.epoch, p.start)
+
+    def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         clock = time.perf_counter
         for step in range(start, self._num_batches):
-            if token != self._passes:
-                raise FastfeedError("this DaliLoader was iterated again: only its newest iterator "
-                                    "delivers batches (one pipeline serves one pass at a time)")
             t0 = clock()
             batch, skipped, messages = self._next_batch(epoch, step)
             t1 = clock()
-            self._consumed = step + 1
             self.stats.record(t1 - t0, t1, len(batch["__key__"]), skipped, messages)
             yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch, batches consumed, and what the order depends on.
-
-        The same layout as ``decode="cpu"``'s :meth:`fastfeed.loading.api.Loader.state_dict`.
-
-        Example:
-            >>> dl.state_dict()["batches"]                          # doctest: +SKIP
-            1200
-        """
-        o = self.options
-        return {
-            "fastfeed_loader": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._consumed,
-            "seed": o.seed,
-            "world_size": o.world_size,
-            "rank": o.rank,
-            "batch_size": o.batch_size,
-            "drop_last": o.drop_last,
-            "shuffle": o.shuffle,
-            "shuffle_block": o.shuffle_block,
-            "dataset": self.index.fingerprint,
-            "num_samples": self.index.num_samples,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` on the next pass: exactly the rest of its epoch, in order.
-
-        Raises:
-            StateError: the state is malformed or was saved by a loader with another
-                order (the message says what differs: "saved with world_size=8, now 4").
-        """
-        check_state(state, self.state_dict(), len(self))
-        self._epoch, self._consumed, self._start = state["epoch"], state["batches"], state["batches"]
-        self._epoch_set = False
 
     def close(self) -> None:
         """Release the pipeline (GPU memory, threads) now; the loader can be iterated again."""
@@ -380,7 +233,7 @@ class DaliLoader:
         if self._pipe is None:
             self._feeder.pending.clear()
             self._builds += 1
-            seed = _pipeline_seed(self.options, epoch, step, self._builds)
+            seed = pipeline_seed(self.options, epoch, step, self._builds)
             self._pipe = build_pipeline(self._dali, self.options, seed)
             _pipelines_changed()
             _LOADERS.add(self)
@@ -553,22 +406,13 @@ class DaliLoader:
 
     def _probe(self, ids: list[int]) -> list[int]:
         """The samples that DALI's decoder (same device and settings) cannot decode alone."""
-        d, o = self._dali, self.options
-        decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": d.types.RGB}
-        if o.gpu:
-            decoder["hw_decoder_load"] = o.hw_decoder_load
-        decode = d.fn.decoders.image_random_crop if o.augment else d.fn.decoders.image
         bad: list[int] = []
         pipe = None
         for i in ids:
             if pipe is None:
-                pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.device_id,
-                                  prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
-                with pipe:
-                    pipe.set_outputs(decode(d.fn.external_source(name="encoded", dtype=d.types.UINT8), **decoder))
-                pipe.build()
+                pipe = probe_pipeline(self._dali, self.options)
             try:
-                pipe.feed_input("encoded", [np.frombuffer(image_bytes(self._table, self._maps, i), np.uint8)])
+                pipe.feed_input(PROBE, [np.frombuffer(image_bytes(self._table, self._maps, i), np.uint8)])
                 pipe.run()
             except RuntimeError:
                 bad.append(i)

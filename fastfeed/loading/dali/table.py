@@ -24,6 +24,7 @@ import numpy as np
 from fastfeed.decode.fields import is_image, last_ext
 from fastfeed.errors import ConfigError, IndexMismatchError
 from fastfeed.formats.naming import split_key
+from fastfeed.formats.tar_reader import first_member_name
 from fastfeed.packed.index import DatasetIndex, join
 from fastfeed.storage.remote import filesystem, is_url, read_bytes
 
@@ -263,8 +264,6 @@ class _HeaderNames:
         self._s, self._file = s, None
 
     def first(self, i: int) -> str:
-        from fastfeed.formats.tar_reader import first_member_name
-
         url = self.index.shard_path(self._s)
         if self._file is None:
             if is_url(url):

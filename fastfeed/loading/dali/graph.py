@@ -1,0 +1,127 @@
+"""fastfeed's DALI graph: the pipeline a :class:`~fastfeed.loading.dali.pipeline.DaliLoader`
+runs, and the one-image pipeline that finds which sample of a failed batch DALI cannot decode.
+
+Random-crop decode (ROI decode: only the crop is decoded) -> resize to ``image_size`` ->
+random flip -> ``crop_mirror_normalize`` to uint8 or float, NCHW or NHWC; without
+``augment``, the CPU path's evaluation crop box computed from each image's header. The
+graph reads only :class:`~fastfeed.loading.options.LoaderOptions`; DALI itself comes in as
+the namespace of :func:`fastfeed.loading.dali.backend.import_dali` (nothing here imports it
+at module level).
+
+Example:
+    >>> pipe = build_pipeline(import_dali(), options, seed=pipeline_seed(options, 0, 0, 1))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastfeed.loading.dali.feed import LABEL
+from fastfeed.loading.options import LoaderOptions
+
+__all__ = ["ENCODED", "META", "PROBE", "build_pipeline", "pipeline_seed", "probe_pipeline"]
+
+#: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
+ENCODED, META = "ff_encoded", "ff_meta"
+
+
+def build_pipeline(d: Any, o: LoaderOptions, seed: int) -> Any:
+    """Define and build fastfeed's DALI pipeline (``d``: :func:`~fastfeed.loading.dali.backend.import_dali`),
+    fed batch by batch through two inputs:
+    :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
+    :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
+    :data:`~fastfeed.loading.dali.feed.LABEL`).
+
+    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
+
+    Example:
+        >>> pipe = build_pipeline(import_dali(), options, seed=1)   # doctest: +SKIP
+    """
+    fn, types = d.fn, d.types
+    h, w = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
+    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=o.num_threads, device_id=o.device_id,
+                      seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
+    decoder = _decoder(d, o)
+    with pipe:
+        encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
+        meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
+        labels = meta[LABEL]
+        if o.augment:
+            images = fn.decoders.image_random_crop(
+                encoded, random_area=list(o.crop_scale), random_aspect_ratio=list(o.crop_ratio),
+                num_attempts=10, **decoder)
+            images = fn.resize(images, resize_x=w, resize_y=h)
+            mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
+        else:
+            anchor, shape = _center_box(d, encoded, o)
+            images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
+                                             normalized_anchor=False, normalized_shape=False, **decoder)
+            images = fn.resize(images, resize_x=w, resize_y=h)
+            mirror = 0
+        norm: dict[str, Any] = {}
+        if o.output != "uint8":
+            norm = {"mean": [255.0 * m for m in o.mean or ()], "std": [255.0 * s for s in o.std or ()]}
+        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.output]
+        images = fn.crop_mirror_normalize(
+            images, dtype=dtype, output_layout="CHW" if o.layout == "NCHW" else "HWC",
+            mirror=mirror, **norm)
+        pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
+    pipe.build()
+    return pipe
+
+
+def _center_box(d: Any, encoded: Any, o: LoaderOptions) -> tuple[Any, Any]:
+    """The CPU path's evaluation crop (:func:`fastfeed.decode.geometry.center_crop`) as DALI
+    graph arithmetic on each image's header size: (top, left) and (height, width)."""
+    import nvidia.dali.math as dmath
+
+    out_h, out_w = o.image_size or (0, 0)
+    size = d.fn.cast(d.fn.peek_image_shape(encoded), dtype=d.types.FLOAT)  # upright (H, W, C)
+    height, width = size[0], size[1]
+    scale = dmath.min(height, width) * (o.crop_fraction / max(out_h, out_w))
+    h = dmath.clamp(dmath.floor(scale * out_h + 0.5), 1.0, height)
+    w = dmath.clamp(dmath.floor(scale * out_w + 0.5), 1.0, width)
+    top, left = dmath.floor((height - h) * 0.5), dmath.floor((width - w) * 0.5)
+    return d.fn.stack(top, left), d.fn.stack(h, w)
+
+
+def pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int) -> int:
+    """The seed of DALI's augmentation generator for a pipeline built at (epoch, step).
+
+    Example:
+        >>> o = LoaderOptions(batch_size=4)
+        >>> pipeline_seed(o, 0, 0, 1) == pipeline_seed(o, 0, 0, 1) != pipeline_seed(o, 1, 0, 1)
+        True
+    """
+    ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
+    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+#: The input of :func:`probe_pipeline`.
+PROBE = "ff_probe"
+
+
+def probe_pipeline(d: Any, o: LoaderOptions) -> Any:
+    """A one-image, synchronous pipeline with the loader's decoder (device, settings), fed
+    through :data:`PROBE`: what decodes alone here is not what made a batch fail.
+
+    Example:
+        >>> pipe = probe_pipeline(import_dali(), options)   # doctest: +SKIP
+    """
+    decode = d.fn.decoders.image_random_crop if o.augment else d.fn.decoders.image
+    pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.device_id, prefetch_queue_depth=1,
+                      exec_async=False, exec_pipelined=False)
+    with pipe:
+        pipe.set_outputs(decode(d.fn.external_source(name=PROBE, dtype=d.types.UINT8), **_decoder(d, o)))
+    pipe.build()
+    return pipe
+
+
+def _decoder(d: Any, o: LoaderOptions) -> dict[str, Any]:
+    """The image decoder's arguments: mixed (GPU) or CPU, with the hardware decoder's share."""
+    decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": d.types.RGB}
+    if o.gpu:
+        decoder["hw_decoder_load"] = o.hw_decoder_load
+    return decoder

@@ -1,0 +1,247 @@
+"""ONE behavioural harness for every loader backend: ``decode="cpu"`` and ``decode="dali"``
+(DALI in its CPU-only mode, ``device_id=None``; skipped without DALI).
+
+Every test runs both backends through the same assertions, against the epoch plan
+(:func:`fastfeed.loading.plan.plan_epoch`, a pure function) rather than against each
+other: epochs with and without ``set_epoch``, abandoned passes, the newest iterator,
+mid-epoch resume in a fresh loader, resume across backends, equal steps on every rank
+(ranks simulated with ``rank=``/``world_size=``; the real gloo tests are in
+test_loader_dist.py and test_dali.py), ``len()``, and ``on_error="skip"`` counting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
+
+import fastfeed
+from fastfeed.errors import ConfigError, FastfeedError, SampleError
+from fastfeed.loading.plan import plan_epoch
+from fastfeed.packed.index import DatasetIndex
+
+BACKENDS = ["cpu", "dali"]
+BATCH, SEED = 7, 13
+
+
+@pytest.fixture(autouse=True)
+def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tune result of the user's reaches these loaders."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
+@pytest.fixture(scope="module")
+def packed(small_image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 60 photo-like JPEGs of conftest's image folder, packed into 4 tar shards."""
+    out = tmp_path_factory.mktemp("backends") / "ff"
+    fastfeed.pack(small_image_folder, out, samples_per_shard=16)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corrupt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tar_dataset(tmp_path_factory.mktemp("backends_bad") / "ff", corrupt_samples(), 6)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "dali":
+        require_dali()
+    return str(request.param)
+
+
+def make(root: Path, backend: str, **kw: Any) -> Any:
+    """A loader of ``backend`` over ``root``; the same arguments otherwise."""
+    args: dict[str, Any] = dict(batch_size=BATCH, image_size=16, seed=SEED)
+    args.update(dict(DALI_CPU) if backend == "dali" else dict(decode="cpu", num_workers=0))
+    args.update(kw)
+    return fastfeed.loader(str(root), **args)
+
+
+def keys(batches: Any) -> list[list[str]]:
+    return [list(b["__key__"]) for b in batches]
+
+
+_INDEX_KEYS: dict[Path, list[str]] = {}
+
+
+def expected(root: Path, epoch: int, *, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+             batch_size: int = BATCH, seed: int = SEED) -> list[list[str]]:
+    """The keys of each batch of ``epoch`` on ``rank``, from the plan and the index order."""
+    if root not in _INDEX_KEYS:
+        raw = fastfeed.loader(str(root), batch_size=1000, shuffle=False, decode=None, num_workers=0)
+        _INDEX_KEYS[root] = [k for b in raw for k in b["__key__"]]
+    names = _INDEX_KEYS[root]
+    plan = plan_epoch(DatasetIndex.load(root).shard_counts, seed=seed, epoch=epoch, world_size=world_size,
+                      rank=rank, batch_size=batch_size, drop_last=drop_last, shuffle=True)
+    return [[names[i] for i in plan.batch(b).tolist()] for b in range(plan.num_batches)]
+
+
+# ---------------------------------------------------------------------- epochs
+def test_passes_without_set_epoch_run_epoch_after_epoch(packed: Path, backend: str) -> None:
+    dl = make(packed, backend)
+    assert dl.epoch == 0
+    for epoch in range(3):
+        assert keys(dl) == expected(packed, epoch) and dl.epoch == epoch
+
+
+def test_set_epoch_picks_the_next_pass(packed: Path, backend: str) -> None:
+    dl = make(packed, backend)
+    dl.set_epoch(5)
+    assert keys(dl) == expected(packed, 5)
+    assert keys(dl) == expected(packed, 6)  # no set_epoch: the next epoch
+    dl.set_epoch(5)
+    assert keys(dl) == expected(packed, 5) and dl.epoch == 5  # replayed
+    for bad in (-1, True, "1", 1.0):
+        with pytest.raises(ConfigError, match="set_epoch"):
+            dl.set_epoch(bad)
+
+
+def test_a_new_pass_after_an_abandoned_one_is_the_next_epoch(packed: Path, backend: str) -> None:
+    """``while True: for b in dl: ...; break`` sees a new epoch every time, as with a
+    shuffling DataLoader; ``set_epoch`` replays an abandoned epoch."""
+    dl = make(packed, backend)
+    firsts = []
+    for _ in range(3):
+        for batch in dl:
+            firsts.append(list(batch["__key__"]))
+            break
+    assert firsts == [expected(packed, e)[0] for e in range(3)] and dl.epoch == 2
+    assert keys(dl) == expected(packed, 3)
+    it = iter(dl)
+    head = [list(next(it)["__key__"]) for _ in range(2)]
+    it.close()
+    assert head == expected(packed, 4)[:2] and dl.state_dict()["batches"] == 2
+    dl.set_epoch(4)
+    assert keys(dl) == expected(packed, 4)
+
+
+def test_limited_batches_per_epoch_as_lightning_runs_them(packed: Path, backend: str) -> None:
+    """Lightning's ``limit_train_batches=N``: N batches, then a new ``iter()`` next epoch,
+    with or without a ``set_epoch`` call reaching the loader: the same batches. An
+    iterator that is never advanced (Lightning's iterability check) is no pass."""
+    n = 2
+    for call_set_epoch in (False, True):
+        dl = make(packed, backend)
+        iter(dl)  # Lightning's check that a loader (not a DataLoader) is iterable: no pass
+        for epoch in range(3):
+            if call_set_epoch:
+                dl.set_epoch(epoch)
+            it = iter(dl)
+            assert [list(next(it)["__key__"]) for _ in range(n)] == expected(packed, epoch)[:n]
+
+
+def test_only_the_newest_pass_delivers(packed: Path, backend: str) -> None:
+    dl = make(packed, backend)
+    first = iter(dl)
+    next(first)
+    second, third = iter(dl), iter(dl)  # passes begin at their first next()
+    got = [list(next(second)["__key__"])]
+    with pytest.raises(FastfeedError, match="iterated again"):
+        next(first)
+    got += keys(second)
+    assert got == expected(packed, 1) and dl.state_dict()["batches"] == len(dl)
+    assert keys(third) == expected(packed, 2) and dl.epoch == 2
+
+
+# ---------------------------------------------------------------------- resume
+@pytest.mark.parametrize("stop", [0, 3, "end"])
+def test_resume_mid_epoch_in_a_fresh_loader(packed: Path, backend: str, stop: int | str) -> None:
+    dl = make(packed, backend, rank=1, world_size=2)
+    want = expected(packed, 1, rank=1, world_size=2)
+    k = len(want) if stop == "end" else int(stop)
+    dl.set_epoch(1)
+    it = iter(dl)
+    head = [list(next(it)["__key__"]) for _ in range(k)]
+    state = json.loads(json.dumps(dl.state_dict()))  # plain ints and strings
+    assert (state["epoch"], state["batches"], state["fastfeed_loader"]) == (1, k, 1)
+    fresh = make(packed, backend, rank=0, world_size=2)  # another rank's state fits
+    fresh.load_state_dict(state)
+    fresh_other_rank = make(packed, backend, rank=1, world_size=2)
+    fresh_other_rank.load_state_dict(state)
+    rest = keys(fresh_other_rank)
+    if k < len(want):
+        assert head + rest == want and fresh_other_rank.epoch == 1
+        assert keys(fresh_other_rank) == expected(packed, 2, rank=1, world_size=2)  # then the next epoch
+    else:  # saved after the epoch's last batch: the next pass is the next epoch
+        assert head == want and rest == expected(packed, 2, rank=1, world_size=2)
+    assert keys(fresh) == (expected(packed, 1, rank=0, world_size=2)[k:] if k < len(want)
+                           else expected(packed, 2, rank=0, world_size=2))
+
+
+@pytest.mark.parametrize("first,second", [("cpu", "dali"), ("dali", "cpu")])
+def test_resume_across_backends(packed: Path, first: str, second: str) -> None:
+    require_dali()
+    a = make(packed, first)
+    a.set_epoch(2)
+    it = iter(a)
+    head = [next(it) for _ in range(3)]
+    state = a.state_dict()
+    b = make(packed, second)
+    assert set(b.state_dict()) == set(state)
+    assert {k: v for k, v in b.state_dict().items() if k not in ("epoch", "batches")} == \
+        {k: v for k, v in state.items() if k not in ("epoch", "batches")}
+    b.load_state_dict(state)
+    rest = list(b)
+    assert keys(head) + keys(rest) == expected(packed, 2) and b.epoch == 2
+    labels = [int(x) for batch in head + rest for x in batch["label"].tolist()]
+    ref = make(packed, "cpu")
+    ref.set_epoch(2)
+    assert labels == [int(x) for batch in ref for x in batch["label"].tolist()]
+
+
+# ---------------------------------------------------------------------- ranks and len
+@pytest.mark.parametrize("world_size,drop_last", [(2, False), (3, True), (7, False)])
+def test_equal_steps_on_every_rank(packed: Path, backend: str, world_size: int, drop_last: bool) -> None:
+    loaders = [make(packed, backend, rank=r, world_size=world_size, drop_last=drop_last)
+               for r in range(world_size)]
+    streams = [keys(dl) for dl in loaders]
+    assert {len(dl) for dl in loaders} == {len(s) for s in streams} and len({len(s) for s in streams}) == 1
+    for r, s in enumerate(streams):
+        assert s == expected(packed, 0, rank=r, world_size=world_size, drop_last=drop_last)
+    counts = Counter(k for s in streams for b in s for k in b)
+    if drop_last:
+        assert max(counts.values()) == 1 and 60 - len(counts) < world_size * BATCH
+    else:
+        assert len(counts) == 60 and sum(counts.values()) - 60 <= world_size - 1
+
+
+@pytest.mark.parametrize("batch_size,world_size,drop_last", [(7, 1, False), (7, 1, True), (4, 3, False),
+                                                             (5, 4, True), (60, 1, False)])
+def test_len_is_the_batches_of_an_epoch(packed: Path, backend: str, batch_size: int, world_size: int,
+                                        drop_last: bool) -> None:
+    dl = make(packed, backend, batch_size=batch_size, rank=world_size - 1, world_size=world_size,
+              drop_last=drop_last)
+    per_rank = 60 // world_size if drop_last else math.ceil(60 / world_size)
+    n = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+    assert len(dl) == n == len(list(dl))
+    state = {**dl.state_dict(), "epoch": 0, "batches": n - 1}
+    dl.load_state_dict(state)
+    assert len(dl) == n and len(list(dl)) == 1  # len is the epoch's, a resumed pass yields the rest
+
+
+# ---------------------------------------------------------------------- bad samples
+def test_skip_counts_bad_samples_and_keeps_steps_equal(corrupt: Path, backend: str) -> None:
+    ranks = [make(corrupt, backend, batch_size=4, world_size=2, rank=r, on_error="skip") for r in range(2)]
+    for epoch in range(2):
+        streams = []
+        for dl in ranks:
+            dl.set_epoch(epoch)
+            streams.append(keys(dl))
+        assert [len(s) for s in streams] == [len(dl) for dl in ranks] == [2, 2]
+        for r, s in enumerate(streams):
+            want = expected(corrupt, epoch, rank=r, world_size=2, batch_size=4)
+            assert s == [[k for k in b if k not in ("k005", "k009")] for b in want]
+    assert sum(dl.stats.skipped for dl in ranks) == 4  # two bad samples, two epochs
+    messages = [m for dl in ranks for m in dl.stats.skip_messages]
+    assert any("k005" in m for m in messages) and any("k009" in m for m in messages)
+    with pytest.raises(SampleError, match="k00[59]"):
+        list(make(corrupt, backend, batch_size=4, on_error="raise"))

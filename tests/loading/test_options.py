@@ -1,0 +1,167 @@
+"""loader()'s options: validated once (fastfeed.loading.options), for both backends, before any data is read."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastfeed
+from fastfeed.decode.geometry import normalize_image_size
+from fastfeed.errors import ConfigError
+from fastfeed.loading.options import (
+    DALI_MEETS,
+    DALI_ONLY,
+    DALI_REFUSES,
+    IMAGENET_MEAN,
+    LoaderOptions,
+    check_dali_knobs,
+    loader_options,
+)
+
+NOWHERE = "/nonexistent/dataset"  # options fail before the path is looked at
+ONE = dict(rank=0, world_size=1)
+DALI = dict(decode="dali", image_size=16, **ONE)
+
+
+def test_a_misspelled_keyword_names_the_close_option() -> None:
+    with pytest.raises(ConfigError, match=r"unexpected keyword argument 'imagesize'; did you mean image_size=\?"):
+        fastfeed.loader(NOWHERE, batch_size=4, imagesize=224)
+    with pytest.raises(ConfigError, match="'num_thread'.*did you mean num_threads="):
+        fastfeed.loader(NOWHERE, batch_size=4, decode="dali", image_size=16, num_thread=2)
+    with pytest.raises(ConfigError, match="'zzz'; see help"):
+        fastfeed.loader(NOWHERE, batch_size=4, zzz=1)
+
+
+def test_dali_options_need_decode_dali() -> None:
+    for decode in ("cpu", None):
+        with pytest.raises(ConfigError, match=r"num_threads=4.*decode='dali'.*CPU threads"):
+            fastfeed.loader(NOWHERE, batch_size=4, decode=decode, num_threads=4)
+    assert set(DALI_ONLY) <= {f.name for f in dataclasses.fields(LoaderOptions)}
+
+
+@pytest.mark.parametrize("name,value,hint", [
+    ("num_workers", 8, "num_threads="), ("prefetch_factor", 4, "prefetch_queue_depth="),
+    ("transform", lambda s: s, "decode='cpu'"), ("worker_init_fn", print, "no worker processes"),
+    ("multiprocessing_context", "spawn", "no worker processes"), ("timeout", 5.0, "no worker processes"),
+    ("decode_backend", "pillow", "nvJPEG"),
+])
+def test_cpu_options_dali_cannot_honour_say_why(name: str, value: object, hint: str) -> None:
+    assert name in DALI_REFUSES
+    with pytest.raises(ConfigError, match=rf"decode='dali' cannot honour {name}=.*{hint}"):
+        loader_options(batch_size=4, **DALI, **{name: value})
+    loader_options(batch_size=4, decode="cpu", **ONE, **{name: value})  # fine on the CPU path
+
+
+def test_neutral_cpu_values_and_the_ones_dali_meets_are_accepted() -> None:
+    o = loader_options(batch_size=4, **DALI, num_workers=0, prefetch_factor=None, timeout=0.0,
+                       pin_memory=True, persistent_workers=False, reuse_buffers=False)
+    assert (o.num_workers, o.prefetch_factor, o.persistent_workers) == (0, None, False)
+    assert set(DALI_MEETS) == {"pin_memory", "persistent_workers", "reuse_buffers"}
+
+
+def test_options_are_checked_once_for_both_backends() -> None:
+    for decode in ("cpu", "dali"):
+        base = dict(decode=decode, image_size=16, **ONE)
+        for kwargs, match in [({"batch_size": 0}, "batch_size=0"), ({"batch_size": True}, "batch_size"),
+                              ({"seed": -1}, "seed=-1"), ({"shuffle_block": 0}, "shuffle_block"),
+                              ({"on_error": "ignore"}, "on_error='ignore'"),
+                              ({"crop_scale": (0.5, 0.1)}, "crop_scale"), ({"crop_ratio": 1}, "crop_ratio"),
+                              ({"crop_fraction": 1.5}, "crop_fraction"), ({"image_size": (1, 2, 3)}, "image_size"),
+                              ({"rank": 2, "world_size": 2}, "rank=2")]:
+            args = {"batch_size": 4, **base, **kwargs}
+            with pytest.raises(ConfigError, match=match):
+                loader_options(**args)
+    with pytest.raises(ConfigError, match="decode='gpu'"):
+        loader_options(batch_size=4, decode="gpu", **ONE)
+    with pytest.raises(ConfigError, match="needs batch_size"):
+        loader_options(**ONE)
+
+
+def test_dali_settings() -> None:
+    with pytest.raises(ConfigError, match="decode='dali' needs image_size"):
+        loader_options(batch_size=4, decode="dali", **ONE)
+    for kwargs, match in [({"output": "int8"}, "output"), ({"layout": "CHW"}, "layout"),
+                          ({"mean": (0.5, 0.5, 0.5)}, "mean/std"), ({"output": "float16", "std": (1, 0, 1)}, "std"),
+                          ({"output": "float16", "mean": (1, 2)}, "mean"),
+                          ({"hw_decoder_load": 1.5}, "hw_decoder_load"),
+                          ({"hw_decoder_load": "0.5"}, "hw_decoder_load"), ({"num_threads": 0}, "num_threads"),
+                          ({"prefetch_queue_depth": 1.5}, "prefetch_queue_depth"), ({"device_id": -1}, "device_id")]:
+        with pytest.raises(ConfigError, match=match):
+            loader_options(batch_size=4, **DALI, **kwargs)
+    f16 = loader_options(batch_size=4, **DALI, output="float16", num_threads=None, device_id=None)
+    assert f16.mean == IMAGENET_MEAN and f16.std is not None and f16.num_threads == "auto" and not f16.gpu
+    assert check_dali_knobs({"num_threads": 3, "hw_decoder_load": 1}) == {"num_threads": 3, "hw_decoder_load": 1.0}
+
+
+def test_the_defaults_are_loaders_and_the_options_are_frozen() -> None:
+    params = inspect.signature(fastfeed.loader).parameters
+    defaults = {f.name: f.default for f in dataclasses.fields(LoaderOptions)}
+    for name, p in params.items():
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and name not in ("rank", "world_size"):
+            assert defaults[name] == p.default, name
+    assert set(params) - {"path_or_url", "dali_options"} | set(DALI_ONLY) | {"knobs_from"} == set(defaults)
+    o = loader_options(batch_size=4, **ONE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.batch_size = 8  # type: ignore[misc]
+
+
+def test_rank_and_world_size_are_resolved_at_the_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    o = loader_options(batch_size=4)
+    assert (o.rank, o.world_size) == (2, 3)
+    assert (loader_options(batch_size=4, rank=0, world_size=1).rank) == 0  # arguments beat the environment
+
+
+def test_old_on_error_spelling_warns_and_means_raise() -> None:
+    with pytest.warns(FutureWarning, match="'fail' is the old spelling of 'raise'"):
+        assert loader_options(batch_size=4, on_error="fail", **ONE).on_error == "raise"
+
+
+def test_drop_last_must_fill_a_batch_per_rank() -> None:
+    o = loader_options(batch_size=8, drop_last=True, rank=0, world_size=4)
+    o.check_fits(32)
+    with pytest.raises(ConfigError, match="31 samples over world_size=4 cannot fill one batch of 8.*drop_last=False"):
+        o.check_fits(31)
+    loader_options(batch_size=8, rank=0, world_size=4).check_fits(1)  # drop_last=False repeats samples
+
+
+def test_normalize_image_size_is_the_one_reading_of_image_size() -> None:
+    assert normalize_image_size(224) == (224, 224) and normalize_image_size(np.int64(5)) == (5, 5)
+    assert normalize_image_size((160, 128)) == normalize_image_size([160, 128]) == (160, 128)
+    assert normalize_image_size(None) is None
+    for bad in (0, (1, 2, 3), "224", True, (16.5, 3), (0, 4), (True, 4)):
+        with pytest.raises(ConfigError, match="image_size"):
+            normalize_image_size(bad)  # type: ignore[arg-type]
+    import fastfeed.decode.cpu as cpu
+    import fastfeed.loading.tuned as tuned
+
+    assert cpu.normalize_image_size is tuned.normalize_image_size is normalize_image_size
+
+
+def test_the_dali_backend_never_imports_loading_api() -> None:
+    """loading.api imports the DALI backend, never the reverse (function-local imports included)."""
+    root = Path(fastfeed.__file__).parent / "loading" / "dali"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.startswith("fastfeed.loading.api") for n in names), path
+
+
+def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
+    with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset.*not list.*fastfeed pack"):
+        fastfeed.loader(["a.tar", "b.tar"], batch_size=4, decode="dali", image_size=16)
+
+
+def test_the_new_modules_export_a_sorted_all() -> None:
+    import fastfeed.loading.cursor as cursor
+    import fastfeed.loading.options as options
+
+    for module in (cursor, options):
+        assert module.__all__ == sorted(module.__all__) and all(hasattr(module, n) for n in module.__all__)
