@@ -290,7 +290,8 @@ _TUNE_HELP = "measure the loader and store the best num_workers / prefetch_facto
 def _add_tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", metavar="DST", help="a packed dataset (folder or URL)")
     _add_sizes(p)
-    p.add_argument("--decode", default="cpu", help="decode mode: cpu or dali (default cpu)")
+    p.add_argument("--decode", default="cpu", choices=["cpu", "dali", "none"],
+                   help="decode mode: cpu, dali or none (raw bytes; default cpu)")
     p.add_argument("--time-budget", default="60s", help="measuring time, e.g. 60s or 2m (default 60s)")
     p.add_argument("--max-workers", type=int, default=None,
                    help="cap on workers (default: twice the cores per rank)")

@@ -170,6 +170,14 @@ def test_tune_with_no_flags_on_photos_of_different_sizes(photos: Path, tmp_path:
     assert "--batch-size training uses (at most 60" in out
 
 
+def test_doctor_without_resizing_on_photos_of_different_sizes_stops_with_the_error(photos: Path) -> None:
+    # the decode probe's pool used to hang: its initializer raised, and the pool restarted it forever
+    out = _cli("doctor", str(photos / "ff"), "--image-size", "none", "--batch-size", "8",
+               "--time-budget", "3s", "--num-workers", "0")
+    assert out.returncode == EXIT_USAGE, out.stderr[-2000:]
+    assert "different shapes" in out.stderr
+
+
 def test_tune_and_doctor_python_defaults_agree(photos: Path) -> None:
     r = fastfeed.tune(photos / "ff", time_budget="2s", max_workers=0, store=False)
     d = fastfeed.doctor(photos / "ff", time_budget="2s", num_workers=0)

@@ -326,7 +326,16 @@ def _init_decoder(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarra
 
     torch.set_num_threads(1)
     _JOB.update(decoder=decoder, samples=samples, labels=labels, batch=batch)
-    _decode_batch(0)  # imports (OpenCV, simplejpeg) and first-use costs, before anything is timed
+
+
+def _warm_up(_: int) -> int:
+    """Imports (OpenCV, simplejpeg) and first-use costs, before anything is timed.
+
+    A task, not part of the initializer: a batch that cannot be decoded (e.g. images of
+    different sizes with no image size) then raises in the caller, where an exception in
+    a Pool initializer would only kill the worker and have it restarted forever.
+    """
+    return _decode_batch(0)[0]
 
 
 def _decode_batch(k: int) -> tuple[int, float]:
@@ -377,7 +386,7 @@ def decode_probe(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarray
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     pool = ctx.Pool(processes, initializer=_init_decoder, initargs=(decoder, samples, labels, batch))
     try:
-        pool.map(int, range(processes), chunksize=1)  # returns once the processes are started and warm
+        pool.map(_warm_up, range(processes), chunksize=1)  # returns once the processes are started and warm
         cpu = [0.0, 0.0]  # samples, CPU seconds
         # five windows at most: results of several processes can arrive together, and a short
         # window over such a pair would time nothing

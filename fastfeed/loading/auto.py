@@ -136,7 +136,10 @@ def _hint(index: Any, workers: int, cores: int, ranks: int, batch_size: int,
         return
     _hinted = True
     size = normalize_image_size(image_size)
-    extra = f" --image-size {size[0]}" if size and size[0] == size[1] else ""
+    if size is None:  # tune's default is 224 on image data: say "none" so the result matches this loader
+        extra = " --image-size none" if decode is not None else ""
+    else:  # the CLI takes one side; a non-square size is tuned through fastfeed.tune(image_size=(h, w))
+        extra = f" --image-size {size[0]}" if size[0] == size[1] else ""
     extra += f" --decode {decode}" if decode not in ("cpu", None) else ""
     log.warning(
         "num_workers='auto' -> %d by heuristic (%d cores, LOCAL_WORLD_SIZE=%d); measure instead "
