@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _dist import run_ranks
+from _frameworks import free_port
 from _loader_data import keys_of, write_dataset
 
 transformers = pytest.importorskip("transformers")
@@ -109,3 +113,27 @@ def test_trainer_resumes_mid_epoch_at_next_batch(tmp_path: Path) -> None:
     done = 25 + 3 * BATCH  # epoch 0 and 3 batches of epoch 1
     assert second.seen == first.seen[done:]
     assert torch.equal(first.lin.weight, second.lin.weight)  # the same steps on the same batches
+
+
+def run_trainer_rank(rank: int, world: int, root: str, out: str, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    model, dl = TinyModel(), _loader(Path(root))
+    result = FastfeedTrainer(model=model, args=_args(Path(tmp), save_strategy="no"), train_loader=dl).train()
+    Path(out).write_text(json.dumps({"seen": model.seen, "steps": result.global_step, "rank": dl.rank,
+                                     "world": dl.world_size, "weight": model.lin.weight.flatten().tolist()}))
+
+
+@pytest.mark.dist
+def test_trainer_two_ranks_each_reads_its_share(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    write_dataset(root, shard_counts=(7, 7, 7, 4))
+    port, world = free_port(), 2
+    results = run_ranks(mp.get_context("fork"), run_trainer_rank,
+                        lambda r, out: (r, world, str(root), out, port, str(tmp_path / "out")), world, tmp_path)
+    for r, res in enumerate(results):
+        alone = fastfeed.loader(root, batch_size=BATCH, seed=1, decode=None, num_workers=0, rank=r, world_size=world)
+        assert (res["rank"], res["world"]) == (r, world)
+        assert res["seen"] == keys_of(alone) + keys_of(alone) and res["steps"] == 2 * len(alone)
+    assert results[0]["weight"] == results[1]["weight"]  # DDP kept the replicas in step
+    assert {k for res in results for k in res["seen"]} == {f"s{i:05d}" for i in range(25)}
