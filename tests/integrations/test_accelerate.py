@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 
 import pytest
 
 from _dist import run_ranks
 from _loader_data import keys_of, write_dataset
-from _frameworks import free_port
+from _frameworks import become_rank, free_port
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -49,8 +48,7 @@ def _train_epoch(accelerator, model, opt, dl) -> list[str]:
 
 
 def run_rank(rank: int, world: int, root: str, out: str, port: int, ckpt: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    become_rank(rank, world, port)
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration

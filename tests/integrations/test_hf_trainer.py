@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from _dist import run_ranks
-from _frameworks import free_port
+from _frameworks import become_rank, free_port
 from _loader_data import keys_of, write_dataset
 
 transformers = pytest.importorskip("transformers")
@@ -80,7 +79,7 @@ class FastfeedTrainer(transformers.Trainer):
 def _args(out: Path, **kw: Any) -> Any:
     return transformers.TrainingArguments(
         output_dir=str(out), num_train_epochs=2, use_cpu=True, report_to=[], logging_strategy="no",
-        disable_tqdm=True, learning_rate=0.1, ignore_data_skip=True, **kw,
+        disable_tqdm=True, learning_rate=0.1, ignore_data_skip=True, ddp_find_unused_parameters=False, **kw,
     )
 
 
@@ -116,8 +115,7 @@ def test_trainer_resumes_mid_epoch_at_next_batch(tmp_path: Path) -> None:
 
 
 def run_trainer_rank(rank: int, world: int, root: str, out: str, port: int, tmp: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    become_rank(rank, world, port)
     model, dl = TinyModel(), _loader(Path(root))
     result = FastfeedTrainer(model=model, args=_args(Path(tmp), save_strategy="no"), train_loader=dl).train()
     Path(out).write_text(json.dumps({"seen": model.seen, "steps": result.global_step, "rank": dl.rank,

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from _dist import run_ranks
-from _frameworks import free_port
+from _frameworks import become_rank, free_port
 from _loader_data import keys_of, write_dataset
 
 L = pytest.importorskip("lightning")
@@ -133,8 +132,7 @@ def test_mid_epoch_checkpoint_resumes_at_next_batch(tmp_path: Path) -> None:
 
 
 def run_ddp_rank(rank: int, world: int, root: str, out: str, port: int, tmp: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), NODE_RANK="0",
-                      WORLD_SIZE=str(world), RANK=str(rank), OMP_NUM_THREADS="1")
+    become_rank(rank, world, port)
     res = run_all_stages(root, tmp, strategy="ddp", devices=world)
     Path(out).write_text(json.dumps(res))
 
