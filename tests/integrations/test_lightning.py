@@ -45,9 +45,12 @@ class Recorder(L.LightningModule):
         super().__init__()
         self.lin = torch.nn.Linear(1, 1)
         self.seen: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+        self.train_batches: list[list[str]] = []
 
     def _loss(self, batch: dict, stage: str) -> torch.Tensor:
         self.seen[stage] += batch["__key__"]
+        if stage == "train":
+            self.train_batches.append(list(batch["__key__"]))
         return self.lin(batch["label"].float().unsqueeze(1)).pow(2).mean()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -110,34 +113,40 @@ def test_fit_validate_test_predict_one_process(tmp_path: Path) -> None:
     assert sorted(res["predict"]) == [f"s{i:05d}" for i in range(25)]
 
 
+def mid_epoch_resume(root: str, tmp: Path, every: int, **trainer_kw: Any) -> dict[str, Any]:
+    """fit 2 epochs with a checkpoint every ``every`` steps; fit again from the one at ``every``."""
+    ckpt_dir = tmp / "ckpt"
+
+    def saver() -> "L.Callback":
+        return L.pytorch.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every, save_top_k=-1)
+
+    first, second = Recorder(), Recorder()
+    _trainer(str(tmp / "a"), max_epochs=2, callbacks=[saver()], **trainer_kw).fit(
+        first, train_dataloaders=_loader(root))
+    ckpt = next(ckpt_dir.glob(f"*step={every}.ckpt"))
+    _trainer(str(tmp / "b"), max_epochs=2, callbacks=[saver()], **trainer_kw).fit(
+        second, train_dataloaders=_loader(root), ckpt_path=str(ckpt))
+    return {"first": first.train_batches, "second": second.train_batches}
+
+
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # resuming into it
 def test_mid_epoch_checkpoint_resumes_at_next_batch(tmp_path: Path) -> None:
     root = tmp_path / "data"
-    write_dataset(root, shard_counts=(7, 7, 7, 4))  # 9 batches of 3 per epoch
-    ckpt_dir = tmp_path / "ckpt"
-    every = 12  # the checkpoint lands in epoch 1, after its 3rd batch
-    first = Recorder()
-    def saver(path: Path) -> "L.Callback":
-        return L.pytorch.callbacks.ModelCheckpoint(dirpath=path, every_n_train_steps=every, save_top_k=-1)
-
-    _trainer(str(tmp_path / "a"), max_epochs=2, callbacks=[saver(ckpt_dir)]).fit(
-        first, train_dataloaders=_loader(str(root)))
-    ckpt = next(ckpt_dir.glob(f"*step={every}.ckpt"))
-    second = Recorder()
-    _trainer(str(tmp_path / "b"), max_epochs=2, callbacks=[saver(ckpt_dir)]).fit(
-        second, train_dataloaders=_loader(str(root)), ckpt_path=str(ckpt))
-    assert len(first.seen["train"]) == 2 * 25  # two epochs of 9 batches: 8 of 3 samples, 1 of 1
-    done = 25 + (every - 9) * BATCH  # epoch 0, then 3 batches of epoch 1
-    assert second.seen["train"] == first.seen["train"][done:]
+    write_dataset(root, shard_counts=(7, 7, 7, 4))  # 9 batches of 3 per epoch (the last of 1)
+    res = mid_epoch_resume(str(root), tmp_path, every=12)  # epoch 1, after its 3rd batch
+    assert len(res["first"]) == 18 and res["second"] == res["first"][12:]
+    assert [len(b) for b in res["first"][:9]] == [3] * 8 + [1]
 
 
 def run_ddp_rank(rank: int, world: int, root: str, out: str, port: int, tmp: str) -> None:
     become_rank(rank, world, port)
     res = run_all_stages(root, tmp, strategy="ddp", devices=world)
+    res["resume"] = mid_epoch_resume(root, Path(tmp) / "resume", every=7, strategy="ddp", devices=world)
     Path(out).write_text(json.dumps(res))
 
 
 @pytest.mark.dist
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_fit_validate_test_predict_ddp_two_processes(tmp_path: Path) -> None:
     root = tmp_path / "data"
     write_dataset(root, shard_counts=(7, 7, 7, 4))
@@ -147,4 +156,7 @@ def test_fit_validate_test_predict_ddp_two_processes(tmp_path: Path) -> None:
     for r, res in enumerate(results):
         assert (res["rank"], res["world"]) == (r, world)
         _check(res, _expected(str(root), r, world))
+        # 5 batches per rank and epoch; the checkpoint after step 7 (rank 0's loader state) resumes
+        # both ranks at batch 3 of epoch 1
+        assert len(res["resume"]["first"]) == 10 and res["resume"]["second"] == res["resume"]["first"][7:]
     assert {k for res in results for k in res["predict"]} == {f"s{i:05d}" for i in range(25)}
