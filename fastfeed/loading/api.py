@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastfeed._util import format_bytes
+from fastfeed.loading.compat import FrameworkHooks
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
@@ -63,7 +64,7 @@ __all__ = ["Loader", "STATE_VERSION", "loader"]
 log = logging.getLogger(__name__)
 
 
-class Loader(Resumable, DataLoader):
+class Loader(FrameworkHooks, Resumable, DataLoader):
     """A DataLoader over fastfeed shards; build it with :func:`loader`.
 
     Epochs: ``set_epoch(e)`` makes the next pass run epoch ``e``. Without it, every new
@@ -85,20 +86,27 @@ class Loader(Resumable, DataLoader):
         stats: :class:`~fastfeed.loading.stats.LoaderStats`, always on.
         workers_from: where ``num_workers`` came from (``"explicit"``, ``"tuned"``, ``"heuristic"``).
         epoch: the epoch of the current (or next) pass.
+
+    Accelerate's ``prepare`` returns it as is and Lightning can re-create it (``predict``):
+    see :mod:`fastfeed.loading.compat`.
     """
 
     def __init__(self, dataset: ShardBatches, *, num_workers: int, prefetch_factor: int | None,
                  pin_memory: bool, persistent_workers: bool, timeout: float,
                  multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
-                 log_every: int | None, workers_from: str, reuse_buffers: bool = False) -> None:
+                 log_every: int | None, workers_from: str, reuse_buffers: bool = False,
+                 sampler: None = None, batch_sampler: None = None) -> None:
+        # sampler / batch_sampler: only None, which frameworks that re-create a DataLoader over an
+        # IterableDataset pass (Lightning's predict); DataLoader rejects anything else
         kwargs: dict[str, Any] = {}
         if num_workers > 0:  # PyTorch rejects prefetch_factor / persistent workers without workers
             kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                           multiprocessing_context=multiprocessing_context)
         if "in_order" in inspect.signature(DataLoader.__init__).parameters:
             kwargs["in_order"] = True  # the round-robin order of batches is the contract
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         timeout=timeout, worker_init_fn=worker_init_fn, **kwargs)
+        super().__init__(dataset, batch_size=None, sampler=sampler, batch_sampler=batch_sampler,
+                         num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
+                         worker_init_fn=worker_init_fn, **kwargs)
         # workers refill the shared-memory batches the main process has let go (fastfeed.decode.bufpool);
         # only with persistent workers: one process per worker id for the loader's life
         self._pool: BufferPool | None = None
