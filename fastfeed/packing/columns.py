@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from fastfeed.errors import ConfigError
-from fastfeed.formats.images import IMAGE_EXTS, field_ext, sniff
+from fastfeed.formats.images import sniff
+from fastfeed.formats.naming import IMAGE_EXTENSIONS as IMAGE_EXTS
+from fastfeed.formats.naming import field_ext
 from fastfeed.packing.manifest import member_name
 
 __all__ = [

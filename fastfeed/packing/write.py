@@ -53,6 +53,7 @@ from fastfeed.packing.source import (
     show,
 )
 from fastfeed.packing.srcurl import read as read_url
+from fastfeed.packing.stream import Item, length_of_value, table_items, with_tokens
 from fastfeed.storage.remote import is_url
 
 __all__ = ["ShardResult", "read_source", "shard_fingerprint", "write_shard"]
@@ -274,34 +275,15 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
             value = json.loads(data)
             if sub is not None:
                 value = value[sub]
-            return _length_of(value)
+            return length_of_value(value)
         text = data.decode("utf-8")
         if ext in _TEXT_EXTS:
             return len(text.split())
-        return _length_of(int(text.strip()))
+        return length_of_value(int(text.strip()))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise _Problem(SourceError, where, f"--length {spec_text}: sample {show(spec.key)!r} has no usable "
                        f"length ({type(e).__name__}: {e})",
                        "store a non-negative integer, a text or a list there, or pass --on-error skip") from None
-
-
-def _length_of(value: Any) -> int:
-    """Numbers as they are (integral), texts as their whitespace-token count, lists by size."""
-    if isinstance(value, bool):
-        raise TypeError("a boolean is not a length")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{value} is not an integer (store integer lengths, e.g. milliseconds)")
-        value = int(value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative")
-        return value
-    if isinstance(value, str):
-        return len(value.split())
-    if isinstance(value, list):
-        return len(value)
-    raise TypeError(f"a {type(value).__name__} is not a length")
 
 
 def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
@@ -321,7 +303,7 @@ def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | Non
     try:
         fields, files, nbytes = _load_sample(plan, spec, fds)
         label = _label(plan, spec, fields)
-        length = _length(plan, spec, fields) if plan.options.length else None
+        length = _length(plan, spec, fields) if plan.options.length and plan.tokens is None else None
         return spec, (fields, files, nbytes, label, length)
     except _Problem as p:
         return spec, p
@@ -400,8 +382,12 @@ def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator
 
 # ---------------------------------------------------------------- resume records
 def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
-    """Identity of a shard's inputs: the job, its samples, and their sizes and mtimes."""
+    """Identity of a shard's inputs: the job, its samples, and their sizes and mtimes (a table:
+    the source's fingerprint and the shard's units)."""
     h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.manifest_sha256}".encode())
+    if plan.table is not None:
+        h.update(f"|{plan.table.fingerprint}|{sorted(plan.table.dropped)}".encode())
+        h.update(repr([plan.table.units[i] for i in shard.units]).encode("utf-8", "surrogateescape"))
     for s in shard.samples:
         h.update(repr((s.key, s.label, s.line, s.members)).encode("utf-8", "surrogateescape"))
     return h.hexdigest()
@@ -478,6 +464,18 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
     return result
 
 
+def _items(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
+    """The planned samples of a folder / JSONL shard, loaded (bad ones raised or appended to ``skipped``)."""
+    for spec, loaded in _loaded(plan, shard.samples):
+        if isinstance(loaded, _Problem):
+            if plan.options.on_error != "skip":
+                raise loaded.error(plan.root)
+            skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
+            continue
+        data, f, b, label, length = loaded
+        yield Item(spec.key, data, label, length, f, b)
+
+
 def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
            progress: ProgressFn | None) -> ShardResult:
     dst = Path(plan.dst)
@@ -487,27 +485,22 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         writer = TarShardWriter(tmp, fileobj=fileobj) if fileobj is not None else FORMATS[fmt][0](tmp)
         offsets: list[tuple[int, int]] = []
         labels: list[int] = []
-        lengths: list[int] | None = [] if plan.options.length else None
+        lengths: list[int] | None = [] if plan.lengths_field else None
         skipped: list[dict[str, str]] = []
         fields: set[str] = set()
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
-        for spec, loaded in _loaded(plan, shard.samples):
-            if isinstance(loaded, _Problem):
-                if plan.options.on_error != "skip":
-                    raise loaded.error(plan.root)
-                skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
-                continue
-            data, f, b, label, length = loaded
-            offsets.append(writer.add(spec.key, data))
-            labels.append(label)
+        items = table_items(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
+        for item in with_tokens(plan, shard, items, skipped):
+            offsets.append(writer.add(item.key, item.fields))
+            labels.append(item.label)
             if lengths is not None:
-                lengths.append(length)
-            fields.update(data)
-            files += f
-            nbytes += b
-            pend_files += f
-            pend_bytes += b
+                lengths.append(int(item.length or 0))
+            fields.update(item.fields)
+            files += item.files
+            nbytes += item.nbytes
+            pend_files += item.files
+            pend_bytes += item.nbytes
             if progress is not None and time.monotonic() - last > 0.2:
                 progress(pend_files, pend_bytes)
                 pend_files = pend_bytes = 0
