@@ -23,7 +23,8 @@ from fastfeed import __version__
 from fastfeed.errors import EmptySourceError, IndexMismatchError
 from fastfeed.packed.index import DatasetIndex, ShardInfo, atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SKIPPED_NAME
-from fastfeed.packing.plan import PackPlan, remove_own_files
+from fastfeed.packing.dest import remove_own_files
+from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import show
 from fastfeed.packing.write import ShardResult
 

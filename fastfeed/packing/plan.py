@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,19 +33,12 @@ import numpy as np
 from fastfeed import __version__
 from fastfeed._util import check_on_error, format_bytes, parse_size
 from fastfeed.decode import roi
-from fastfeed.errors import ConfigError, DestinationError
+from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.host import cpu_count
-from fastfeed.packed.index import atomic_write_bytes
-from fastfeed.packed.layout import (
-    INDEX_NAME,
-    JOB_RECORD,
-    OWN_FILE,
-    RESUME_DIR,
-    dali_index_name,
-    shard_name,
-)
+from fastfeed.packed.layout import dali_index_name, shard_name
 from fastfeed.packing.columns import LABEL_COLUMNS, parse_columns
+from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
 from fastfeed.packing.parquet import TableSource, scan_parquet
 from fastfeed.packing.source import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
 from fastfeed.packing.tableplan import (
@@ -61,7 +53,7 @@ from fastfeed.packing.tokenize import Tokenizer, load_tokenizer
 from fastfeed.packing.walk import scan
 from fastfeed.storage.remote import is_url
 
-__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "remove_own_files", "shard_counts"]
+__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "shard_counts"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -296,7 +288,7 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
     src_path: Any = str(src).rstrip("/") if url_src else Path(src).absolute()
     dst_path = Path(dst).absolute()
     if not url_src:
-        _check_not_inside(src_path, dst_path)
+        check_not_inside(src_path, dst_path)
     source = scan(src_path, input=opts.input, on_error=opts.on_error, length=opts.length)
     pillow = _pillow_version() if opts.max_side is not None else None
     samples = list(source.samples)
@@ -316,7 +308,7 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
                    "options": opts.output_options(), "pillow": pillow,
                    **({"tokenizer": tok.sha256} if tok is not None else {})})
     content = _content_id(source, shards, opts, pillow, tok)
-    complete = _check_destination(dst_path, source.kind, job, content, opts)
+    complete = check_destination(dst_path, source.kind, job, content, overwrite=opts.overwrite)
     plan = PackPlan(
         src=str(src_path), dst=str(dst_path), root=source.root, kind=source.kind, options=opts,
         shards=tuple(shards), classes=source.classes, has_labels=source.has_labels,
@@ -337,7 +329,7 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
     hf_object = not isinstance(src, (str, os.PathLike))
     shown = "datasets.Dataset" if hf_object else show(os.fspath(src))
     if not hf_object and Path(src).is_dir():
-        _check_not_inside(Path(src).absolute(), dst)
+        check_not_inside(Path(src).absolute(), dst)
     table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
     names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
     tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True)
@@ -350,7 +342,7 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
                    **({"tokenizer": tok.sha256} if tok is not None else {})})
     content = table_content(table, [s.units for s in shards], opts.output_options(),
                             tok.sha256 if tok is not None else None)
-    complete = _check_destination(dst, table.kind, job, content, opts)
+    complete = check_destination(dst, table.kind, job, content, overwrite=opts.overwrite)
     plan = PackPlan(
         src=shown if hf_object else str(Path(src).absolute()), dst=str(dst), root=table.root, kind=table.kind,
         options=opts, shards=shards, classes=None,
@@ -432,97 +424,6 @@ def _pillow_version() -> str:
     return str(PIL.__version__)
 
 
-# ---------------------------------------------------------------- destination
-def _check_not_inside(src: Path, dst: Path) -> None:
-    if src.is_file():
-        return
-    s, d = os.path.realpath(src), os.path.realpath(dst)
-    if d == s or d.startswith(s.rstrip(os.sep) + os.sep):
-        raise DestinationError(
-            f"{show(str(dst))}: the destination is inside the source {show(str(src))}; its shards "
-            "would be packed again on the next run. Choose a DST outside SRC"
-        )
-
-
-def _check_destination(dst: Path, kind: str, job: str, content: str, opts: PackOptions) -> bool:
-    """Decide what DST is: new, resumable, already complete (True), or refused."""
-    if dst.exists() and not dst.is_dir():
-        raise DestinationError(f"{show(str(dst))}: exists and is not a folder; choose another DST")
-    if not dst.exists():
-        return False
-    names = sorted(os.listdir(dst))
-    if not names:
-        return False
-    if INDEX_NAME in names:
-        try:
-            d = json.loads((dst / INDEX_NAME).read_text("utf-8"))
-            same = d.get("input") == kind and (d.get("options") or {}).get("content") == content
-        except (OSError, ValueError):
-            same = False
-        if same and not opts.overwrite:
-            if _shards_present(dst, d):
-                return True
-            log.warning("%s: index.json is there but shards are missing or truncated; packing again",
-                        show(str(dst)))
-            return False
-        if not opts.overwrite:
-            raise DestinationError(
-                f"{show(str(dst))}: already holds a complete dataset packed from other input or "
-                "options; pass --overwrite to replace it, or choose another DST"
-            )
-        return False
-    if RESUME_DIR in names:
-        try:
-            previous = json.loads((dst / JOB_RECORD).read_text("utf-8")).get("job")
-        except (OSError, ValueError):
-            previous = None
-        if previous == job:
-            log.info("%s: resuming an unfinished run of this job", show(str(dst)))
-            return False
-    if opts.overwrite:
-        return False
-    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-    what = "an unfinished run of another job (other source or options)" if RESUME_DIR in names else \
-        f"not empty ({shown})"
-    raise DestinationError(
-        f"{show(str(dst))}: {what}; choose an empty or new DST, or pass --overwrite to replace "
-        "fastfeed's files there (other files are left alone)"
-    )
-
-
-def _shards_present(dst: Path, index_json: dict[str, Any]) -> bool:
-    for s in index_json.get("shards", []):
-        p = dst / str(s.get("name", ""))
-        if not p.is_file() or p.stat().st_size != int(s.get("bytes", -1)):
-            return False
-    return True
-
-
 def _prepare(plan: PackPlan) -> None:
-    dst = Path(plan.dst)
-    if plan.options.overwrite and dst.is_dir():
-        remove_own_files(dst, keep=())
-        shutil.rmtree(dst / RESUME_DIR, ignore_errors=True)
-    (dst / RESUME_DIR).mkdir(parents=True, exist_ok=True)
-    job_path = dst / JOB_RECORD
     record = {"job": plan.job, "fastfeed": __version__, "src": plan.src, "content": plan.content}
-    try:
-        previous = json.loads(job_path.read_text("utf-8"))
-    except (OSError, ValueError):
-        previous = None
-    if previous != record:
-        atomic_write_bytes(job_path, (json.dumps(record, indent=1) + "\n").encode())
-
-
-def remove_own_files(dst: Path, keep: tuple[str, ...]) -> list[str]:
-    """Delete fastfeed's files in ``dst`` (shards, temporaries, sidecars, index) except ``keep``."""
-    removed = []
-    for name in sorted(os.listdir(dst)):
-        if name in keep or not OWN_FILE.match(name):
-            continue
-        try:
-            (dst / name).unlink()
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
+    prepare_destination(Path(plan.dst), overwrite=plan.options.overwrite, record=record)
