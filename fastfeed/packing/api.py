@@ -89,9 +89,9 @@ def pack(
         src: an ImageFolder (``SRC/<class>/<file>``), a folder of files grouped into
             samples by key (``a/0001.jpg`` + ``a/0001.json``), a JSONL manifest, a
             ``.parquet`` file (a folder or glob of them: one sample per row, columns become
-            fields, see :mod:`fastfeed.packing.parquet`; rows keep their order and stream
-            in bounded memory, so ``shuffle`` does not reorder them), a ``datasets.Dataset``
-            or a ``Dataset.save_to_disk`` folder.
+            fields, see :mod:`fastfeed.packing.parquet`; rows stream in bounded memory, one
+            row group at a time, so ``shuffle`` orders whole row groups, not rows), a
+            ``datasets.Dataset`` or a ``Dataset.save_to_disk`` folder.
         dst: the output folder (created). Refused when inside ``src`` or when it holds
             something other than an unfinished run of this job, unless ``overwrite``.
         input: ``imagefolder``, ``files``, ``jsonl``, ``parquet`` or ``hf``; detected when None.

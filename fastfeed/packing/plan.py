@@ -43,6 +43,7 @@ from fastfeed.packing.parquet import TableSource, scan_parquet
 from fastfeed.packing.source import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
 from fastfeed.packing.tableplan import (
     TokenPlan,
+    check_length_column,
     check_token_options,
     table_content,
     table_shards,
@@ -325,7 +326,8 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
 
 
 def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -> PackPlan:
-    """:func:`plan_pack` for parquet files and HF datasets: shards of consecutive units, in row order."""
+    """:func:`plan_pack` for parquet files and HF datasets: shards of whole units (row groups,
+    row ranges), in source order or, with ``shuffle``, in a seeded order of units."""
     hf_object = not isinstance(src, (str, os.PathLike))
     shown = "datasets.Dataset" if hf_object else show(os.fspath(src))
     if not hf_object and Path(src).is_dir():
@@ -333,7 +335,9 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
     table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
     names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
     tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True)
-    cut = table_shards(table, opts.shard_size, opts.samples_per_shard)
+    if opts.length is not None and tokens is None:
+        check_length_column(opts.length, names, shown)
+    cut = table_shards(table, opts.shard_size, opts.samples_per_shard, opts.seed if opts.shuffle else None)
     suffix = FORMATS[opts.format][2]
     shards = tuple(ShardPlan(n, shard_name(n, len(cut), suffix), (), units, rows)
                    for n, (units, rows) in enumerate(cut))

@@ -3,8 +3,10 @@
 Table inputs (parquet files, HF ``datasets``; :mod:`fastfeed.packing.parquet`) are planned by
 units, not by samples: :func:`wants_table` decides whether SRC is one, :func:`table_shards`
 cuts its units (row groups, row ranges) into shards, and :func:`table_content` is the
-content id of the planned output. Rows keep their order (they stream from the files;
-the loader shuffles), so ``shuffle`` does not reorder a table.
+content id of the planned output (without ``shuffle`` the rows keep the source's order;
+with ``shuffle``, the units are put in a seeded random order before they are cut into
+shards, so a shard mixes row groups of different files; the rows of one unit keep
+their order, which is what lets a unit stream from its file in bounded memory).
 
 :func:`token_plan` checks ``--tokenizer PATH`` with ``--tokenize FIELD`` / ``--length FIELD``
 once, before any shard is written: the field must exist (a column of the table, a field
@@ -23,8 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from fastfeed import __version__
 from fastfeed.errors import ConfigError
@@ -34,7 +38,7 @@ from fastfeed.packing.parquet import TableSource, group_units, is_table_source
 from fastfeed.packing.source import TABLE_INPUTS, show
 from fastfeed.packing.tokenize import TOKENS_FIELD, Tokenizer
 
-__all__ = ["TokenPlan", "table_content", "table_shards", "text_field", "token_plan", "wants_table"]
+__all__ = ["TokenPlan", "check_length_column", "check_token_options", "table_content", "table_shards", "text_field", "token_plan", "wants_table"]
 
 
 def wants_table(src: Any, input: str | None) -> bool:
@@ -58,11 +62,24 @@ def wants_table(src: Any, input: str | None) -> bool:
     return input is None and is_table_source(src)
 
 
-def table_shards(src: TableSource, shard_bytes: int, shard_rows: int | None) -> list[tuple[tuple[int, ...], int]]:
-    """``(unit indices, rows)`` per shard: consecutive units up to ``shard_bytes`` (uncompressed)
-    or ``shard_rows`` rows (a row group larger than that is a shard alone)."""
-    return [(units, sum(src.units[i].num_rows for i in units))
-            for units in group_units(src, shard_bytes, shard_rows)]
+def table_shards(src: TableSource, shard_bytes: int, shard_rows: int | None,
+                 seed: int | None = None) -> list[tuple[tuple[int, ...], int]]:
+    """``(unit indices, rows)`` per shard: units up to ``shard_bytes`` (uncompressed) or
+    ``shard_rows`` rows (a row group larger than that is a shard alone), in source order,
+    or with ``seed`` in a seeded random order (deterministic: the same seed, the same shards).
+
+    Example:
+        >>> from fastfeed.packing.parquet import Unit
+        >>> units = tuple(Unit("a.parquet", g, 3 * g, 3 * g, 3, 100) for g in range(4))
+        >>> src = TableSource("parquet", ".", ("a.parquet",), (), None, units, 12, "fp")
+        >>> table_shards(src, 250, None)
+        [((0, 1), 6), ((2, 3), 6)]
+    """
+    order = list(range(len(src.units))) if seed is None else \
+        [int(i) for i in np.random.default_rng(seed).permutation(len(src.units))]
+    ordered = replace(src, units=tuple(src.units[i] for i in order))
+    return [(tuple(order[j] for j in group), sum(src.units[order[j]].num_rows for j in group))
+            for group in group_units(ordered, shard_bytes, shard_rows)]
 
 
 def table_content(src: TableSource, shards: Iterable[tuple[int, ...]], options: Mapping[str, Any],
@@ -154,6 +171,20 @@ def text_field(name: str, fields: Mapping[str, str], where: str, what: str, *, c
         raise ConfigError(f"{what} {name}: the {thing} {name!r} of {where} is {stored}, not text; name a "
                           f"text {thing}{hint}{fix}")
     return field
+
+
+def check_length_column(spec: str, fields: Mapping[str, str], where: str) -> None:
+    """Refuse ``--length FIELD`` (no tokenizer) naming no column of the table, listing the columns.
+
+    Example:
+        >>> check_length_column("n:tokens", {"n": "n.json"}, "data.parquet")
+    """
+    name = spec.partition(":")[0]
+    low = name.lower()
+    if name in fields or low in fields or any(f.lower().startswith(low + ".") for f in fields.values() if f):
+        return
+    raise ConfigError(f"--length {spec}: {where} has no column {name!r}; the columns are: "
+                      f"{', '.join(sorted(fields)) or 'none'}; name the column holding each row's length")
 
 
 def _is_text(field: str) -> bool:

@@ -15,7 +15,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 import fastfeed
 from _pack_data import tree_digest
 from fastfeed.cli import main
-from fastfeed.errors import BadFileError, ConfigError, DuplicateKeyError
+from fastfeed.errors import BadFileError, ConfigError, DuplicateKeyError, SourceError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packing.plan import plan_pack
 from fastfeed.packing.write import write_shard
@@ -53,9 +53,15 @@ def corpus(tmp_path: Path) -> tuple[Path, list[bytes]]:
     return src, jpegs
 
 
-def _all(dst: Path) -> list[dict]:
+def _stored(dst: Path) -> list[dict]:
+    """Every sample of a packed dataset as the loader yields it, in index (stored) order."""
     return [dict(zip(b, vals)) for b in fastfeed.loader(dst, batch_size=4, shuffle=False, decode=None, num_workers=0)
             for vals in zip(*b.values())]
+
+
+def _all(dst: Path) -> list[dict]:
+    """:func:`_stored`, sorted by key (row numbers and the ``id`` column sort in row order)."""
+    return sorted(_stored(dst), key=lambda r: r["__key__"])
 
 
 def test_folder_of_parquet_packs_every_row_once(corpus, tmp_path: Path) -> None:
@@ -64,12 +70,29 @@ def test_folder_of_parquet_packs_every_row_once(corpus, tmp_path: Path) -> None:
     assert idx.input == "parquet" and idx.num_samples == 12 and len(idx.shards) == 4
     assert set(idx.fields) == {"caption.txt", "emb.npy", "id.txt", "image.jpg", "label.json"}
     rows = _all(tmp_path / "ff")
-    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(12)]  # row order, row-number keys
+    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(12)]  # every row once, row-number keys
     assert [r["image.jpg"] for r in rows] == jpegs
     assert [r["caption.txt"] for r in rows] == [f"a photo of thing {i}".encode() for i in range(12)]
     emb = np.load(io.BytesIO(rows[9]["emb.npy"]), allow_pickle=False)
     assert emb.dtype == np.float32 and emb.tolist() == [9.0, 0.5]
-    assert idx.labels is not None and idx.labels.tolist() == [i % 3 for i in range(12)]
+    stored = [int(r["__key__"]) for r in _stored(tmp_path / "ff")]
+    assert idx.labels is not None and idx.labels.tolist() == [i % 3 for i in stored]
+    # shuffle orders whole row groups (units 0-2, 3-5, 6, 7-9, 10-11); rows inside one keep their order
+    groups = [(0, 1, 2), (3, 4, 5), (6,), (7, 8, 9), (10, 11)]
+    assert stored != list(range(12)) and sorted(tuple(r) for r in _runs(stored, groups)) == groups
+    fastfeed.pack(src, tmp_path / "ordered", samples_per_shard=4, shuffle=False)
+    assert [int(r["__key__"]) for r in _stored(tmp_path / "ordered")] == list(range(12))
+
+
+def _runs(stored: list[int], groups: list[tuple[int, ...]]) -> list[list[int]]:
+    """``stored`` cut where a row group starts."""
+    starts = {g[0] for g in groups}
+    out: list[list[int]] = []
+    for k in stored:
+        if k in starts or not out:
+            out.append([])
+        out[-1].append(k)
+    return out
 
 
 def test_columns_key_glob_and_cli(corpus, tmp_path: Path, capsys) -> None:
@@ -164,3 +187,32 @@ def test_bad_rows_follow_on_error(tmp_path: Path) -> None:
     assert [r["__key__"] for r in _all(tmp_path / "c")] == ["a", "c"]  # bad image and later duplicate left out
     assert sorted(s["key"] for s in idx.skipped) == ["a", "b"]
     assert json.loads((tmp_path / "c" / "index.json").read_text())["num_skipped"] == 2
+
+
+def test_damaged_row_group_while_writing(corpus, tmp_path: Path) -> None:
+    src, _ = corpus
+    path = src / "part-0.parquet"
+    data = bytearray(path.read_bytes())
+    col = pq.ParquetFile(path).metadata.row_group(1).column(1)  # caption of rows 3-5: footer intact
+    start = col.data_page_offset
+    data[start:start + col.total_compressed_size] = b"\x00" * col.total_compressed_size
+    path.write_bytes(bytes(data))
+    with pytest.raises(BadFileError, match=r"part-0.parquet: row group 1, row 3: cannot read the row group"):
+        fastfeed.pack(src, tmp_path / "a", shuffle=False)
+    assert not (tmp_path / "a" / "index.json").exists()
+    idx = fastfeed.pack(src, tmp_path / "b", on_error="skip", samples_per_shard=4)
+    assert idx.num_samples == 9 and "row group 1" in idx.skipped[0]["path"]
+    assert sorted(int(r["__key__"]) for r in _all(tmp_path / "b")) == [0, 1, 2, 6, 7, 8, 9, 10, 11]
+
+
+def test_length_of_a_table_field(corpus, tmp_path: Path) -> None:
+    src, _ = corpus
+    idx = fastfeed.pack(src, tmp_path / "a", length="caption", shuffle=False)
+    assert idx.lengths_field == "caption" and idx.lengths.tolist() == [5] * 12  # "a photo of thing N"
+    idx = fastfeed.pack(src, tmp_path / "b", length="emb", shuffle=False)
+    assert idx.lengths.tolist() == [2] * 12  # the size of the npy vector
+    with pytest.raises(ConfigError, match=r"--length nope: .*corpus has no column 'nope'; the columns are: caption"):
+        fastfeed.pack(src, tmp_path / "c", length="nope")
+    with pytest.raises(SourceError, match=r"--length image: row '0000000\d\d' has no usable length "
+                                          r"\(UnicodeDecodeError.*or pass --on-error skip"):
+        fastfeed.pack(src, tmp_path / "d", length="image")  # JPEG bytes are no length

@@ -57,15 +57,22 @@ def _ids(tok_file: Path, text: str) -> list[int]:
     return tokenizers.Tokenizer.from_file(str(tok_file)).encode(text).ids
 
 
-def _rows(dst: Path) -> list[dict]:
+def _stored(dst: Path) -> list[dict]:
+    """Every sample as the loader yields it, in index (stored) order."""
     return [dict(zip(b, vals)) for b in fastfeed.loader(dst, batch_size=4, shuffle=False, decode=None, num_workers=0)
             for vals in zip(*b.values())]
+
+
+def _rows(dst: Path) -> list[dict]:
+    """:func:`_stored` sorted by key (row numbers: row order)."""
+    return sorted(_stored(dst), key=lambda r: r["__key__"])
 
 
 def test_parquet_tokens_and_exact_lengths(table: Path, tok_file: Path, tmp_path: Path) -> None:
     idx = fastfeed.pack(table, tmp_path / "ff", tokenizer=tok_file.parent, tokenize="text", samples_per_shard=4)
     want = [_ids(tok_file, t) for t in TEXTS]
-    assert idx.lengths is not None and idx.lengths.tolist() == [len(w) for w in want]
+    stored = [int(r["__key__"]) for r in _stored(tmp_path / "ff")]
+    assert idx.lengths is not None and idx.lengths.tolist() == [len(want[i]) for i in stored]
     assert idx.lengths_field == "text" and "tokens.npy" in idx.fields
     meta = DatasetIndex.load(tmp_path / "ff").tokenizer
     assert meta is not None and meta["pad_id"] == 0 and meta["dtype"] == "uint16" and meta["tokens"] == "tokens.npy"
@@ -108,7 +115,7 @@ def test_file_tree_text_fields_and_workers(tmp_path: Path, tok_file: Path) -> No
     assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")  # deterministic, any worker count
     by_key = {r["__key__"]: np.load(io.BytesIO(r["tokens.npy"])).tolist() for r in _rows(tmp_path / "a")}
     assert by_key == {f"{i:03d}": _ids(tok_file, t) for i, t in enumerate(TEXTS)}
-    keys = [r["__key__"] for r in _rows(tmp_path / "a")]
+    keys = [r["__key__"] for r in _stored(tmp_path / "a")]
     assert a.lengths.tolist() == [len(_ids(tok_file, TEXTS[int(k)])) for k in keys]
 
 
