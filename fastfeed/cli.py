@@ -90,8 +90,8 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    help="store JPEGs losslessly with a restart marker per 16x16 block, so random crops "
                         "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension)")
     p.add_argument("--length", default=None, metavar="FIELD",
-                   help="record per-sample lengths: a number field, a text field (whitespace tokens), "
-                        "or FIELD:KEY inside a JSON field")
+                   help="record per-sample lengths: a number field, a text field (whitespace tokens; with "
+                        "--tokenizer: its exact token count), or FIELD:KEY inside a JSON field")
     p.add_argument("--on-error", choices=["raise", "skip", "fail"], default="raise", metavar="{raise,skip}",
                    help="bad input: stop with an error (raise, the default), or skip it and list it in "
                         "DST/skipped.txt ('fail' is the old spelling of raise)")

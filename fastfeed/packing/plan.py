@@ -115,6 +115,8 @@ class PackOptions:
             parse_length(length)
         on_error = check_on_error(on_error)
         table = _table_options(input, columns, key)
+        if tokenize is not None and (not isinstance(tokenize, str) or not tokenize):
+            raise ConfigError(f"tokenize={tokenize!r}: name the text field to tokenize, e.g. txt")
         check_token_options(None if tokenizer is None else os.fspath(tokenizer), tokenize, length)
         if jpeg_restarts:
             if not roi.available():

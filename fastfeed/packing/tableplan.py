@@ -148,6 +148,9 @@ def token_plan(tok: Tokenizer | None, tokenize: str | None, length: str | None,
         return None
     name = tokenize if tokenize is not None else str(length)
     what = "--tokenize" if tokenize is not None else "--length"
+    if tokenize is not None and TOKENS_FIELD in fields.values():
+        raise ConfigError(f"--tokenize {tokenize}: {where} already has a field {TOKENS_FIELD}, where the token "
+                          "ids would go; rename that field (for a table: --columns), or leave --tokenize out")
     return TokenPlan(tok, text_field(name, fields, where, what, columns=columns), tokenize is not None)
 
 

@@ -476,6 +476,24 @@ def _items(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> I
         yield Item(spec.key, data, label, length, f, b)
 
 
+def _table_rows(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
+    """The rows of a table shard, their images re-encoded (``max_side``, ``jpeg_restarts``) as files are."""
+    items = table_items(plan, shard, skipped)
+    if plan.options.max_side is None and not plan.options.jpeg_restarts:
+        yield from items
+        return
+    for item in items:
+        try:
+            fields = {f: _check_image(plan, Member(f, f"{item.key}.{f}", len(d), 0), d) if is_image(f) else d
+                      for f, d in item.fields.items()}
+        except _Problem as p:
+            if plan.options.on_error != "skip":
+                raise p.error(plan.root) from None
+            skipped.append({"path": show(p.where), "key": show(item.key), "reason": p.reason})
+            continue
+        yield item._replace(fields=fields)
+
+
 def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
            progress: ProgressFn | None) -> ShardResult:
     dst = Path(plan.dst)
@@ -490,7 +508,7 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         fields: set[str] = set()
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
-        items = table_items(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
+        items = _table_rows(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
         for item in with_tokens(plan, shard, items, skipped):
             offsets.append(writer.add(item.key, item.fields))
             labels.append(item.label)

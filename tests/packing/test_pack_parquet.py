@@ -216,3 +216,12 @@ def test_length_of_a_table_field(corpus, tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"--length image: row '0000000\d\d' has no usable length "
                                           r"\(UnicodeDecodeError.*or pass --on-error skip"):
         fastfeed.pack(src, tmp_path / "d", length="image")  # JPEG bytes are no length
+
+
+def test_max_side_resizes_table_images(corpus, tmp_path: Path) -> None:
+    from PIL import Image
+
+    src, _ = corpus
+    fastfeed.pack(src, tmp_path / "ff", max_side=8, columns="image=jpg", shuffle=False)
+    sizes = [Image.open(io.BytesIO(r["jpg"])).size for r in _all(tmp_path / "ff")]
+    assert len(sizes) == 12 and all(max(s) == 8 for s in sizes)

@@ -164,3 +164,14 @@ def test_sample_without_the_text_field(tmp_path: Path, tok_file: Path) -> None:
     assert idx.num_samples == 2 and [s["key"] for s in idx.skipped] == ["c"]
     with pytest.raises(ConfigError, match=r"--tokenize json: the field 'json' .* is packed as json, not text"):
         fastfeed.pack(src, tmp_path / "c", tokenizer=tok_file, tokenize="json")
+
+
+def test_existing_tokens_field_is_refused(tmp_path: Path, tok_file: Path) -> None:
+    src = tmp_path / "tree"
+    src.mkdir()
+    (src / "a.txt").write_text(TEXTS[0])
+    np.save(src / "a.tokens.npy", np.arange(3))
+    with pytest.raises(ConfigError, match=r"already has a field tokens.npy"):
+        fastfeed.pack(src, tmp_path / "ff", tokenizer=tok_file, tokenize="txt")
+    idx = fastfeed.pack(src, tmp_path / "ok", tokenizer=tok_file, length="txt")  # counting only: no clash
+    assert idx.lengths.tolist() == [len(_ids(tok_file, TEXTS[0]))]
