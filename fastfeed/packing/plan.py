@@ -336,9 +336,10 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
         check_not_inside(Path(src).absolute(), dst)
     table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
     names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
-    tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True)
+    listed = [cf.column for cf in table.fields]
+    tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True, listed=listed)
     if opts.length is not None and tokens is None:
-        check_length_column(opts.length, names, shown)
+        check_length_column(opts.length, names, shown, listed)
     cut = table_shards(table, opts.shard_size, opts.samples_per_shard, opts.seed if opts.shuffle else None)
     suffix = FORMATS[opts.format][2]
     shards = tuple(ShardPlan(n, shard_name(n, len(cut), suffix), (), units, rows)

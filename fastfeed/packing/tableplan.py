@@ -118,8 +118,8 @@ def check_token_options(tokenizer: str | None, tokenize: str | None, length: str
     """The combinations of ``tokenizer``/``tokenize``/``length`` that make sense (no file read)."""
     if tokenizer is None:
         if tokenize is not None:
-            raise ConfigError(f"tokenize={tokenize!r} needs a tokenizer: pass --tokenizer PATH (a local "
-                              "tokenizer.json, or the folder save_pretrained() wrote)")
+            raise ConfigError(f"--tokenize {tokenize} needs a tokenizer: pass --tokenizer PATH (tokenizer=: a "
+                              "local tokenizer.json, or the folder save_pretrained() wrote)")
         return
     if tokenize is None and length is None:
         raise ConfigError("--tokenizer needs --tokenize FIELD (store the token ids of FIELD) or --length "
@@ -133,7 +133,8 @@ def check_token_options(tokenizer: str | None, tokenize: str | None, length: str
 
 
 def token_plan(tok: Tokenizer | None, tokenize: str | None, length: str | None,
-               fields: Mapping[str, str], where: str, *, columns: bool) -> TokenPlan | None:
+               fields: Mapping[str, str], where: str, *, columns: bool,
+               listed: Iterable[str] | None = None) -> TokenPlan | None:
     """Resolve the tokenized field against what the source holds; None without a tokenizer.
 
     Args:
@@ -143,6 +144,7 @@ def token_plan(tok: Tokenizer | None, tokenize: str | None, length: str | None,
             field) and the sample field it is stored in (``""``: chosen per value, bytes).
         where: the source, for messages.
         columns: the names are table columns (for the wording of errors).
+        listed: the names an error lists (default: every name of ``fields``).
     """
     if tok is None:
         return None
@@ -151,10 +153,12 @@ def token_plan(tok: Tokenizer | None, tokenize: str | None, length: str | None,
     if tokenize is not None and TOKENS_FIELD in fields.values():
         raise ConfigError(f"--tokenize {tokenize}: {where} already has a field {TOKENS_FIELD}, where the token "
                           "ids would go; rename that field (for a table: --columns), or leave --tokenize out")
-    return TokenPlan(tok, text_field(name, fields, where, what, columns=columns), tokenize is not None)
+    field = text_field(name, fields, where, what, columns=columns, listed=listed)
+    return TokenPlan(tok, field, tokenize is not None)
 
 
-def text_field(name: str, fields: Mapping[str, str], where: str, what: str, *, columns: bool) -> str:
+def text_field(name: str, fields: Mapping[str, str], where: str, what: str, *, columns: bool,
+               listed: Iterable[str] | None = None) -> str:
     """The text field ``name`` refers to; ConfigError (naming the fix) when missing or not text.
 
     Example:
@@ -163,11 +167,12 @@ def text_field(name: str, fields: Mapping[str, str], where: str, what: str, *, c
     """
     thing = "column" if columns else "field"
     field = fields.get(name, fields.get(name.lower()))
-    texts = sorted(n for n, f in fields.items() if _is_text(f))
+    shown = sorted(fields if listed is None else set(listed))
+    texts = [n for n in shown if _is_text(fields.get(n, ""))]
     hint = f" (the text {thing}s: {', '.join(texts)})" if texts else ""
     if field is None:
         raise ConfigError(f"{what} {name}: {where} has no {thing} {name!r}; the {thing}s are: "
-                          f"{', '.join(sorted(fields)) or 'none'}; name one that holds text{hint}")
+                          f"{', '.join(shown) or 'none'}; name one that holds text{hint}")
     if not _is_text(field):
         stored = f"packed as {field}" if field else "packed as bytes (type sniffed per value)"
         fix = f", or store it as text with --columns {name}=txt" if columns else ""
@@ -176,7 +181,8 @@ def text_field(name: str, fields: Mapping[str, str], where: str, what: str, *, c
     return field
 
 
-def check_length_column(spec: str, fields: Mapping[str, str], where: str) -> None:
+def check_length_column(spec: str, fields: Mapping[str, str], where: str,
+                        listed: Iterable[str] | None = None) -> None:
     """Refuse ``--length FIELD`` (no tokenizer) naming no column of the table, listing the columns.
 
     Example:
@@ -186,8 +192,9 @@ def check_length_column(spec: str, fields: Mapping[str, str], where: str) -> Non
     low = name.lower()
     if name in fields or low in fields or any(f.lower().startswith(low + ".") for f in fields.values() if f):
         return
+    shown = sorted(fields if listed is None else set(listed))
     raise ConfigError(f"--length {spec}: {where} has no column {name!r}; the columns are: "
-                      f"{', '.join(sorted(fields)) or 'none'}; name the column holding each row's length")
+                      f"{', '.join(shown) or 'none'}; name the column holding each row's length")
 
 
 def _is_text(field: str) -> bool:
