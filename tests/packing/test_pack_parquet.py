@@ -225,3 +225,23 @@ def test_max_side_resizes_table_images(corpus, tmp_path: Path) -> None:
     fastfeed.pack(src, tmp_path / "ff", max_side=8, columns="image=jpg", shuffle=False)
     sizes = [Image.open(io.BytesIO(r["jpg"])).size for r in _all(tmp_path / "ff")]
     assert len(sizes) == 12 and all(max(s) == 8 for s in sizes)
+
+
+def test_sigkill_mid_pack_then_rerun_is_byte_identical(tmp_path: Path) -> None:
+    import os
+
+    from test_pack_crash import _kill_mid_shard
+
+    src = tmp_path / "src" / "big.parquet"  # 40 MB in rows of 1 MB: enough to use the process pool
+    src.parent.mkdir()
+    pq.write_table(pa.table({"blob": [os.urandom(1_000_000) for _ in range(40)], "n": list(range(40))}), src,
+                   row_group_size=2)
+    args = ["--samples-per-shard", "4", "--workers", "2"]
+    assert main(["pack", str(src), str(tmp_path / "clean"), *args]) == 0
+    dst = tmp_path / "out"
+    complete, partial = _kill_mid_shard(src, dst, args, whole_group=True)
+    assert partial and complete and not (dst / "index.json").exists()
+    kept = {n: (dst / n).stat().st_mtime_ns for n in complete}
+    assert main(["pack", str(src), str(dst), *args]) == 0  # the same command again
+    assert tree_digest(dst) == tree_digest(tmp_path / "clean")
+    assert [n for n, t in kept.items() if (dst / n).stat().st_mtime_ns == t], "complete shards not reused"
