@@ -36,7 +36,7 @@ from fastfeed.packing.source import (
     show,
 )
 from fastfeed.packing.srcurl import read as read_url
-from fastfeed.packing.stream import length_of_value
+from fastfeed.packing.stream import LENGTH_TEXT_EXTS, length_of_value
 from fastfeed.storage.remote import is_url
 
 __all__ = ["IO_THREADS", "READAHEAD", "Problem", "check_image", "load_samples", "read_source"]
@@ -47,7 +47,6 @@ READAHEAD = 32
 IO_THREADS = 8
 _CHUNK = 4
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
 
 
 class Problem(Exception):
@@ -211,7 +210,7 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
                 value = value[sub]
             return length_of_value(value)
         text = data.decode("utf-8")
-        if ext in _TEXT_EXTS:
+        if ext in LENGTH_TEXT_EXTS:
             return len(text.split())
         return length_of_value(int(text.strip()))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:

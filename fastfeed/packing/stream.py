@@ -29,11 +29,12 @@ from fastfeed.packing.source import parse_length, show
 from fastfeed.packing.tableplan import TokenPlan
 from fastfeed.packing.tokenize import tokenize_samples
 
-__all__ = ["TOKENIZE_CHUNK", "Item", "field_length", "length_of_value", "table_items", "with_tokens"]
+__all__ = ["LENGTH_TEXT_EXTS", "TOKENIZE_CHUNK", "Item", "field_length", "length_of_value", "table_items", "with_tokens"]
 
 #: Samples tokenized per ``encode_batch`` call.
 TOKENIZE_CHUNK = 512
-_TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
+#: Field extensions whose ``--length`` is the whitespace-token count of the text.
+LENGTH_TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
 
 
 class Item(NamedTuple):
@@ -90,7 +91,7 @@ def field_length(fields: dict[str, bytes], spec: str) -> int:
         value = json.loads(data)
         return length_of_value(value[sub] if sub is not None else value)
     text = data.decode("utf-8")
-    if ext in _TEXT_EXTS:
+    if ext in LENGTH_TEXT_EXTS:
         return len(text.split())
     return length_of_value(int(text.strip()))
 
