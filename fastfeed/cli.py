@@ -52,11 +52,24 @@ _VERIFY_HELP = "check a packed dataset: checksums, every sample readable, every 
 
 
 def _add_pack(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", metavar="SRC", help="an ImageFolder, a folder of files grouped by key, or a JSONL manifest")
+    p.add_argument("src", metavar="SRC", help="an ImageFolder, a folder of files grouped by key, a JSONL manifest, "
+                   "a .parquet file (or a folder or quoted glob of them), or a datasets save_to_disk folder")
     p.add_argument("dst", metavar="DST", help="output folder (created; must not be inside SRC), or an "
                    "object-store URL such as s3://bucket/prefix")
-    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl"], default="auto",
-                   help="how to read SRC (default: detect)")
+    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf"], default="auto",
+                   help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
+                        "Dataset.save_to_disk folder)")
+    p.add_argument("--columns", default=None, metavar="COL=FIELD,...",
+                   help="parquet/hf: the columns to pack and their fields, e.g. image=jpg,caption=txt "
+                        "(default: every column, field by type)")
+    p.add_argument("--key", default=None, metavar="COLUMN",
+                   help="parquet/hf: the column holding each row's key (default: the row number)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizers JSON file, or a folder holding tokenizer.json; with --tokenize "
+                        "or --length (exact token counts)")
+    p.add_argument("--tokenize", default=None, metavar="FIELD",
+                   help="with --tokenizer: store the token ids of text FIELD (a column for parquet/hf) in "
+                        "the field tokens.npy and their counts in lengths.npy")
     p.add_argument("--format", choices=["tar", "lmdb"], default="tar",
                    help="shard format: tar (WebDataset + DALI index) or lmdb (default tar)")
     size = p.add_mutually_exclusive_group()
@@ -77,8 +90,8 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    help="store JPEGs losslessly with a restart marker per 16x16 block, so random crops "
                         "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension)")
     p.add_argument("--length", default=None, metavar="FIELD",
-                   help="record per-sample lengths: a number field, a text field (whitespace tokens), "
-                        "or FIELD:KEY inside a JSON field")
+                   help="record per-sample lengths: a number field, a text field (whitespace tokens; with "
+                        "--tokenizer: its exact token count), or FIELD:KEY inside a JSON field")
     p.add_argument("--on-error", choices=["raise", "skip", "fail"], default="raise", metavar="{raise,skip}",
                    help="bad input: stop with an error (raise, the default), or skip it and list it in "
                         "DST/skipped.txt ('fail' is the old spelling of raise)")
@@ -134,25 +147,32 @@ def _run_pack(args: argparse.Namespace) -> int:
             samples_per_shard=args.samples_per_shard, workers=workers, shuffle=args.shuffle,
             seed=args.seed, max_side=args.max_side, quality=args.quality, length=args.length,
             on_error=args.on_error, overwrite=args.overwrite, jpeg_restarts=args.jpeg_restarts, progress=bar,
-            engine=args.engine, ray_address=args.ray_address,
+            engine=args.engine, ray_address=args.ray_address, columns=args.columns, key=args.key,
+            tokenizer=args.tokenizer, tokenize=args.tokenize,
         )
     finally:
         ray_log.setLevel(ray_level)
         bar.close()
     total = sum(s.bytes for s in idx.shards)
     done = before is not None and before == _index_stamp(args.dst)  # pack() found it complete
+    tokens = int(idx.lengths.sum()) if idx.tokenizer is not None and idx.lengths is not None else None
     if args.json:
         import json
 
         print(json.dumps({"dst": args.dst, "already_complete": done, "num_samples": idx.num_samples,
                           "num_shards": len(idx.shards), "format": idx.format, "bytes": total,
-                          "skipped": len(idx.skipped)}, indent=1))
+                          "skipped": len(idx.skipped), "input": idx.input,
+                          **({"tokens": tokens} if tokens is not None else {})}, indent=1))
     elif done:
         print(f"already complete: {args.dst} holds these {idx.num_samples} samples in {len(idx.shards)} "
               f"{idx.format} shard(s), {format_bytes(total)}; nothing was packed (--overwrite packs again)")
     else:
         print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
-              f"{format_bytes(total)}, in {args.dst}")
+              f"{format_bytes(total)}, in {args.dst} (input: {idx.input})")
+    if tokens is not None and not args.json:
+        t = idx.tokenizer or {}
+        print(f"{tokens} tokens of {t.get('field')} (vocabulary {t.get('vocab_size')}, "
+              f"{t.get('dtype') if t.get('tokens') else 'counted only'}, pad id {t.get('pad_id')})")
     if idx.skipped and not args.json:
         print(f"skipped {len(idx.skipped)} input(s); see {args.dst}/skipped.txt")
     return 0

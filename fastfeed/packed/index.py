@@ -109,6 +109,9 @@ class DatasetIndex:
     options: Mapping[str, Any] = field(default_factory=dict)
     skipped: tuple[Mapping[str, str], ...] = ()
     lengths_field: str | None = None
+    #: ``pack --tokenizer``: ``{"sha256", "vocab_size", "pad_id", "dtype", "field", "tokens"}``
+    #: (``pad_id`` is the loader's default padding value; ``tokens`` the field of stored ids or None).
+    tokenizer: Mapping[str, Any] | None = None
     has_labels: bool = False
     version: int = INDEX_VERSION
     fastfeed_version: str = ""
@@ -224,6 +227,7 @@ class DatasetIndex:
             "num_skipped": len(self.skipped),
             "skipped": [dict(s) for s in self.skipped],
             "shards": [s.to_json() for s in self.shards],
+            **({"tokenizer": dict(self.tokenizer)} if self.tokenizer is not None else {}),
         }
 
     def _array_names(self) -> list[str]:
@@ -273,6 +277,7 @@ class DatasetIndex:
             options=dict(d.get("options", {})),
             skipped=tuple(d.get("skipped", ())),
             lengths_field=d.get("lengths_field"),
+            tokenizer=None if d.get("tokenizer") is None else dict(d["tokenizer"]),
             has_labels=bool(d.get("has_labels", False)),
             version=int(version),
             fastfeed_version=str(d.get("fastfeed_version", "")),

@@ -58,7 +58,7 @@ log = logging.getLogger("fastfeed.pack")
 
 
 def pack(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | Any,
     dst: str | os.PathLike[str],
     *,
     input: str | None = None,
@@ -71,6 +71,10 @@ def pack(
     max_side: int | None = None,
     quality: int = 90,
     length: str | None = None,
+    columns: str | Mapping[str, str] | None = None,
+    key: str | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    tokenize: str | None = None,
     on_error: str = "raise",
     overwrite: bool = False,
     jpeg_restarts: bool = False,
@@ -79,14 +83,18 @@ def pack(
     ray_address: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> DatasetIndex:
-    """Pack a folder of small files (or a JSONL manifest) into shards plus an index.
+    """Pack a folder of small files (a JSONL manifest, parquet files, a HF dataset) into shards plus an index.
 
     Args:
         src: an ImageFolder (``SRC/<class>/<file>``), a folder of files grouped into
-            samples by key (``a/0001.jpg`` + ``a/0001.json``), or a JSONL manifest.
+            samples by key (``a/0001.jpg`` + ``a/0001.json``), a JSONL manifest, a
+            ``.parquet`` file (a folder or glob of them: one sample per row, columns become
+            fields, see :mod:`fastfeed.packing.parquet`; rows stream in bounded memory, one
+            row group at a time, so ``shuffle`` orders whole row groups, not rows), a
+            ``datasets.Dataset`` or a ``Dataset.save_to_disk`` folder.
         dst: the output folder (created). Refused when inside ``src`` or when it holds
             something other than an unfinished run of this job, unless ``overwrite``.
-        input: ``imagefolder``, ``files`` or ``jsonl``; detected when None.
+        input: ``imagefolder``, ``files``, ``jsonl``, ``parquet`` or ``hf``; detected when None.
         format: ``tar`` (WebDataset, with DALI index files) or ``lmdb``.
         shard_size: target shard size (``"256MB"``, ``"1GiB"``, bytes), estimated from
             the source sizes; ignored when ``samples_per_shard`` is given.
@@ -102,7 +110,16 @@ def pack(
         quality: JPEG/WebP quality of re-encoded images.
         length: per-sample length for length-bucketed samplers: a field holding a
             number (or a list: its size), a text field (its whitespace-separated token
-            count), or ``FIELD:KEY`` for a key inside a JSON field.
+            count; with ``tokenizer``: its exact token count), or ``FIELD:KEY`` for a key
+            inside a JSON field.
+        columns: parquet/HF input: the columns to pack and their fields, ``"image=jpg,caption=txt"``
+            or a dict (default: every column, fields by type; see :mod:`fastfeed.packing.columns`).
+        key: parquet/HF input: the column holding each row's ``__key__`` (default: the row number).
+        tokenizer: a local ``tokenizers`` JSON file, or a folder holding ``tokenizer.json``;
+            with ``tokenize`` or ``length``. Its pad id is recorded in the index.
+        tokenize: a text field (``txt``; a column name for tables) whose token ids are stored
+            in the field ``tokens.npy`` (uint16 when the vocabulary fits, else uint32), their
+            counts in ``lengths.npy``; tokenized in the pack workers (batched ``encode_batch``).
         on_error: ``raise`` stops at the first bad input with an error naming the file
             and the fix; ``skip`` leaves bad samples out, listing them in
             ``DST/skipped.txt`` and the index. (``fail``, the old spelling of ``raise``,
@@ -138,6 +155,7 @@ def pack(
         input=input, format=format, shard_size=shard_size,
         samples_per_shard=samples_per_shard, workers=workers, shuffle=shuffle, seed=seed,
         max_side=max_side, quality=quality, length=length, on_error=on_error, overwrite=overwrite,
+        columns=columns, key=key, tokenizer=tokenizer, tokenize=tokenize,
         jpeg_restarts=jpeg_restarts,
     )
     # engines and object-store destinations (issue: pack on Ray)

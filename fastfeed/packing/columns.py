@@ -47,7 +47,8 @@ import numpy as np
 
 from fastfeed.errors import ConfigError
 from fastfeed.formats.images import sniff
-from fastfeed.formats.naming import IMAGE_EXTENSIONS as IMAGE_EXTS, field_ext
+from fastfeed.formats.naming import IMAGE_EXTENSIONS as IMAGE_EXTS
+from fastfeed.formats.naming import field_ext
 from fastfeed.packing.manifest import member_name
 
 __all__ = [

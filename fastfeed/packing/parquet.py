@@ -109,6 +109,8 @@ class TableSource:
     fingerprint: str
     skipped: tuple[dict[str, str], ...] = ()
     dataset: Any = field(default=None, compare=False, repr=False)  # a datasets.Dataset given as SRC
+    #: rows left out as later duplicates of a key (``on_error="skip"``): ``(file, row_group, file_row)``
+    dropped: frozenset[tuple[str, int, int]] = frozenset()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -289,6 +291,7 @@ def _check_keys(src: TableSource, on_error: str) -> TableSource:
         return src
     seen: dict[str, tuple[Unit, int]] = {}
     dups: list[dict[str, str]] = []
+    dropped: set[tuple[str, int, int]] = set()
     for unit in src.units:
         for batch, _ in _batches(src, unit, (src.key,), 65536):
             for j, value in enumerate(batch.column(0).to_pylist()):
@@ -301,12 +304,13 @@ def _check_keys(src: TableSource, on_error: str) -> TableSource:
                     if on_error == "raise":
                         raise DuplicateKeyError(msg)
                     dups.append({"path": where, "key": show(k), "reason": "duplicate key"})
+                    dropped.add((unit.file, unit.row_group, unit.file_row + j))
                 else:
                     seen[k] = (unit, unit.file_row + j)
     if not dups:
         return src
     return TableSource(src.kind, src.root, src.files, src.fields, src.key, src.units, src.num_rows,
-                       src.fingerprint, src.skipped + tuple(dups), src.dataset)
+                       src.fingerprint, src.skipped + tuple(dups), src.dataset, frozenset(dropped))
 
 
 def _where(src: TableSource, unit: Unit, row: int) -> str:
@@ -365,15 +369,29 @@ def iter_unit(src: TableSource, unit: Unit, *, on_error: str = "raise",
                 raise
             record.append({"path": _where(src, unit, unit.file_row), "key": "", "reason": str(e)})
             return
+        batch, rows = _drop_duplicates(src, unit, batch, row)
         for item in batch_samples(batch, src.fields, src.key, first_row=unit.first_row + row - unit.file_row,
                                   width=src.key_width(), root=src.root):
             if isinstance(item, RowProblem):
-                where = _where(src, unit, row + item.offset)
+                where = _where(src, unit, rows[item.offset])
                 if on_error == "raise":
                     raise item.error(where)
                 record.append({"path": where, "key": show(item.key), "reason": item.reason})
             else:
                 yield item
+
+
+def _drop_duplicates(src: TableSource, unit: Unit, batch: Any, row: int) -> tuple[Any, list[int]]:
+    """The batch without the rows :func:`_check_keys` left out, and the file row of each kept row."""
+    rows = list(range(row, row + batch.num_rows))
+    if not src.dropped:
+        return batch, rows
+    keep = [(unit.file, unit.row_group, r) not in src.dropped for r in rows]
+    if all(keep):
+        return batch, rows
+    import pyarrow as pa
+
+    return batch.filter(pa.array(keep)), [r for r, k in zip(rows, keep) if k]
 
 
 def iter_samples(src: TableSource, *, on_error: str = "raise",

@@ -24,33 +24,37 @@ import json
 import logging
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from fastfeed import __version__
 from fastfeed._util import check_on_error, format_bytes, parse_size
 from fastfeed.decode import roi
-from fastfeed.errors import ConfigError, DestinationError
+from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.host import cpu_count
-from fastfeed.packed.index import atomic_write_bytes
-from fastfeed.packed.layout import (
-    INDEX_NAME,
-    JOB_RECORD,
-    OWN_FILE,
-    RESUME_DIR,
-    dali_index_name,
-    shard_name,
+from fastfeed.packed.layout import dali_index_name, shard_name
+from fastfeed.packing.columns import LABEL_COLUMNS, parse_columns
+from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
+from fastfeed.packing.parquet import TableSource, scan_parquet
+from fastfeed.packing.source import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
+from fastfeed.packing.tableplan import (
+    TokenPlan,
+    check_length_column,
+    check_token_options,
+    table_content,
+    table_shards,
+    token_plan,
+    wants_table,
 )
-from fastfeed.packing.source import INPUTS, SampleSpec, Source, parse_length, show
+from fastfeed.packing.tokenize import Tokenizer, load_tokenizer
 from fastfeed.packing.walk import scan
 from fastfeed.storage.remote import is_url
 
-__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "remove_own_files", "shard_counts"]
+__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "shard_counts"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -71,6 +75,10 @@ class PackOptions:
     max_side: int | None = None
     quality: int = 90
     length: str | None = None
+    columns: str | None = None
+    key: str | None = None
+    tokenizer: str | None = None
+    tokenize: str | None = None
     on_error: str = "raise"
     overwrite: bool = False
     jpeg_restarts: bool = False
@@ -79,6 +87,8 @@ class PackOptions:
     def create(cls, *, input: str | None = None, format: str = "tar",
                shard_size: str | int = "256MB", samples_per_shard: int | None = None,
                workers: int | str = 1, shuffle: bool = True, seed: int = 0,
+               columns: str | Mapping[str, str] | None = None, key: str | None = None,
+               tokenizer: str | os.PathLike[str] | None = None, tokenize: str | None = None,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
                on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
@@ -104,15 +114,24 @@ class PackOptions:
         if length is not None:
             parse_length(length)
         on_error = check_on_error(on_error)
+        table = _table_options(input, columns, key)
+        if tokenize is not None and (not isinstance(tokenize, str) or not tokenize):
+            raise ConfigError(f"tokenize={tokenize!r}: name the text field to tokenize, e.g. txt")
+        check_token_options(None if tokenizer is None else os.fspath(tokenizer), tokenize, length)
         if jpeg_restarts:
             if not roi.available():
                 raise ConfigError("jpeg_restarts=True needs fastfeed's optional C extension fastfeed._jpegroi, "
                                   "which is not built here: reinstall fastfeed from source with a C compiler and "
                                   "libjpeg-turbo's headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
                                   "or leave jpeg_restarts off")
-        return cls(input, format, size, None if samples_per_shard is None else int(samples_per_shard),
-                   int(workers), bool(shuffle), int(seed), None if max_side is None else int(max_side),
-                   int(quality), length, on_error, bool(overwrite), bool(jpeg_restarts))
+        return cls(
+            input=input, format=format, shard_size=size,
+            samples_per_shard=None if samples_per_shard is None else int(samples_per_shard),
+            workers=int(workers), shuffle=bool(shuffle), seed=int(seed),
+            max_side=None if max_side is None else int(max_side), quality=int(quality), length=length,
+            columns=table[0], key=table[1], tokenizer=None if tokenizer is None else os.fspath(tokenizer),
+            tokenize=tokenize, on_error=on_error, overwrite=bool(overwrite), jpeg_restarts=bool(jpeg_restarts),
+        )
 
     def output_options(self) -> dict[str, Any]:
         """The options that shape the output (not ``workers`` or ``overwrite``)."""
@@ -122,7 +141,25 @@ class PackOptions:
             "seed": self.seed, "max_side": self.max_side, "quality": self.quality,
             "length": self.length, "on_error": self.on_error,
             **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
+            **{k: v for k, v in (("columns", self.columns), ("key", self.key), ("tokenize", self.tokenize))
+               if v is not None},
         }
+
+
+def _table_options(input: str | None, columns: str | Mapping[str, str] | None,
+                   key: str | None) -> tuple[str | None, str | None]:
+    """``columns`` as a canonical ``"col=field,..."`` string, and ``key``; only for table inputs."""
+    if columns is None and key is None:
+        return None, None
+    if input is not None and input not in TABLE_INPUTS:
+        raise ConfigError(f"columns/key (--columns, --key) are for parquet and HF datasets input, not "
+                          f"input={input!r}; leave them out")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError(f"key={key!r}: name the column that holds each row's key (or leave it out: row numbers)")
+    if columns is None:
+        return None, key
+    mapping = parse_columns(columns)
+    return ",".join(f"{c}={f}" if f else c for c, f in (mapping or {}).items()), key
 
 
 def _is_int(v: Any) -> bool:
@@ -131,11 +168,19 @@ def _is_int(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One shard to write: its number, file name and samples in file order."""
+    """One shard to write: its number, file name and samples in file order; for a table
+    source, the indices of its units (into ``PackPlan.table.units``) and their rows instead."""
 
     number: int
     name: str
     samples: tuple[SampleSpec, ...]
+    units: tuple[int, ...] = ()
+    rows: int = 0
+
+    @property
+    def planned(self) -> int:
+        """Samples planned: the sample specs, or the rows of the units."""
+        return len(self.samples) + self.rows
 
     @property
     def dali_index_name(self) -> str:
@@ -163,6 +208,8 @@ class PackPlan:
         content: location-independent id of the planned output, stored in the index.
         complete: DST already holds exactly this dataset; nothing to write.
         pillow: Pillow version when images are re-encoded (part of both ids).
+        table: a parquet / HF datasets source (``kind`` ``parquet`` or ``hf``), else None.
+        tokens: the pack-time tokenizer and the field it reads, else None.
     """
 
     src: str
@@ -180,20 +227,31 @@ class PackPlan:
     content: str
     complete: bool = False
     pillow: str | None = None
+    table: TableSource | None = None
+    tokens: TokenPlan | None = None
 
     @property
     def num_samples(self) -> int:
-        return sum(len(s.samples) for s in self.shards)
+        return sum(s.planned for s in self.shards)
 
     @property
     def total_files(self) -> int:
-        """Source files the shards read (inline fields not counted)."""
+        """Source files the shards read (inline fields not counted); rows of a table."""
+        if self.table is not None:
+            return sum(s.rows for s in self.shards)
         return sum(1 for s in self.shards for x in s.samples for m in x.members if m.path is not None)
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of source files the shards read."""
+        """Bytes of source files the shards read (a table: uncompressed bytes of its units)."""
+        if self.table is not None:
+            return sum(self.table.units[i].nbytes for s in self.shards for i in s.units)
         return sum(m.size for s in self.shards for x in s.samples for m in x.members if m.path is not None)
+
+    @property
+    def lengths_field(self) -> str | None:
+        """The field ``lengths.npy`` describes: the tokenized field, else ``--length``, else None."""
+        return self.tokens.field if self.tokens is not None else self.options.length
 
     def index_options(self) -> dict[str, Any]:
         """Options recorded in ``index.json``: what shaped the output, and its content id."""
@@ -201,6 +259,8 @@ class PackPlan:
         opts["content"] = self.content
         if self.pillow is not None:
             opts["pillow"] = self.pillow
+        if self.tokens is not None:
+            opts["tokenizer"] = self.tokens.tokenizer.sha256
         return opts
 
 
@@ -221,11 +281,17 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
         >>> plan = plan_pack("train", "train-ff", samples_per_shard=500, shuffle=True)  # doctest: +SKIP
     """
     opts = PackOptions.create(**options)
+    tok = load_tokenizer(opts.tokenizer) if opts.tokenizer is not None else None  # fail before a long scan
+    if wants_table(src, opts.input):
+        return _plan_table(src, Path(dst).absolute(), opts, tok)
+    if opts.columns is not None or opts.key is not None:
+        raise ConfigError(f"{show(os.fspath(src))}: columns/key (--columns, --key) are for parquet and HF "
+                          "datasets input; this SRC is not one (leave them out, or pass --input parquet)")
     url_src = is_url(src)  # SRC on object storage: see fastfeed.packing.srcurl
     src_path: Any = str(src).rstrip("/") if url_src else Path(src).absolute()
     dst_path = Path(dst).absolute()
     if not url_src:
-        _check_not_inside(src_path, dst_path)
+        check_not_inside(src_path, dst_path)
     source = scan(src_path, input=opts.input, on_error=opts.on_error, length=opts.length)
     pillow = _pillow_version() if opts.max_side is not None else None
     samples = list(source.samples)
@@ -238,17 +304,20 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
     for n, c in enumerate(counts):
         shards.append(ShardPlan(n, shard_name(n, len(counts), suffix), tuple(samples[start:start + c])))
         start += c
+    tokens = token_plan(tok, opts.tokenize, opts.length, _field_names(source) if tok is not None else {},
+                        show(str(src_path)), columns=False)
     job = _digest({"fastfeed": __version__, "kind": source.kind,
                    "src": src_path if url_src else os.path.realpath(src_path),
-                   "options": opts.output_options(), "pillow": pillow})
-    content = _content_id(source, shards, opts, pillow)
-    complete = _check_destination(dst_path, source.kind, job, content, opts)
+                   "options": opts.output_options(), "pillow": pillow,
+                   **({"tokenizer": tok.sha256} if tok is not None else {})})
+    content = _content_id(source, shards, opts, pillow, tok)
+    complete = check_destination(dst_path, source.kind, job, content, overwrite=opts.overwrite)
     plan = PackPlan(
         src=str(src_path), dst=str(dst_path), root=source.root, kind=source.kind, options=opts,
         shards=tuple(shards), classes=source.classes, has_labels=source.has_labels,
         skipped=tuple(source.skipped), manifest=source.manifest,
         manifest_sha256=source.manifest_sha256, job=job, content=content, complete=complete,
-        pillow=pillow,
+        pillow=pillow, tokens=tokens,
     )
     if not complete:
         _prepare(plan)
@@ -256,6 +325,55 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
              show(str(src_path)), plan.num_samples, len(counts), min(counts), max(counts),
              format_bytes(plan.total_bytes), len(source.skipped))
     return plan
+
+
+def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -> PackPlan:
+    """:func:`plan_pack` for parquet files and HF datasets: shards of whole units (row groups,
+    row ranges), in source order or, with ``shuffle``, in a seeded order of units."""
+    hf_object = not isinstance(src, (str, os.PathLike))
+    shown = "datasets.Dataset" if hf_object else show(os.fspath(src))
+    if not hf_object and Path(src).is_dir():
+        check_not_inside(Path(src).absolute(), dst)
+    table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
+    names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
+    listed = [cf.column for cf in table.fields]
+    tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True, listed=listed)
+    if opts.length is not None and tokens is None:
+        check_length_column(opts.length, names, shown, listed)
+    cut = table_shards(table, opts.shard_size, opts.samples_per_shard, opts.seed if opts.shuffle else None)
+    suffix = FORMATS[opts.format][2]
+    shards = tuple(ShardPlan(n, shard_name(n, len(cut), suffix), (), units, rows)
+                   for n, (units, rows) in enumerate(cut))
+    where = f"datasets.Dataset:{table.fingerprint}" if hf_object else os.path.realpath(os.fspath(src))
+    job = _digest({"fastfeed": __version__, "kind": table.kind, "src": where, "options": opts.output_options(),
+                   **({"tokenizer": tok.sha256} if tok is not None else {})})
+    content = table_content(table, [s.units for s in shards], opts.output_options(),
+                            tok.sha256 if tok is not None else None)
+    complete = check_destination(dst, table.kind, job, content, overwrite=opts.overwrite)
+    plan = PackPlan(
+        src=shown if hf_object else str(Path(src).absolute()), dst=str(dst), root=table.root, kind=table.kind,
+        options=opts, shards=shards, classes=None,
+        has_labels=any(cf.column in LABEL_COLUMNS for cf in table.fields), skipped=table.skipped,
+        manifest=None, manifest_sha256=None, job=job, content=content, complete=complete, table=table,
+        tokens=tokens,
+    )
+    if not complete:
+        _prepare(plan)
+    counts = [s.rows for s in shards]
+    log.info("%s: %d rows (%s) in %d shard(s) of %d-%d rows, %d skipped", shown, plan.num_samples, table.kind,
+             len(shards), min(counts), max(counts), len(table.skipped))
+    return plan
+
+
+def _field_names(source: Source) -> dict[str, str]:
+    """Every name ``--tokenize``/``--length`` may use for a field of the source -> the field."""
+    names: dict[str, str] = {}
+    for s in source.samples:
+        for m in s.members:
+            names.setdefault(m.field, m.field)
+            if m.json_key is not None:
+                names.setdefault(m.json_key, m.field)
+    return names
 
 
 def shard_counts(n: int, sizes: list[int], opts: PackOptions) -> list[int]:
@@ -293,11 +411,12 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pillow: str | None) -> str:
+def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pillow: str | None,
+                tok: Tokenizer | None) -> str:
     """Hash of what the output is made of: options, sample keys, fields, paths, sizes."""
     h = hashlib.sha256()
     h.update(json.dumps([__version__, source.kind, opts.output_options(), pillow, source.classes,
-                         source.manifest_sha256], default=str).encode())
+                         source.manifest_sha256, *([tok.sha256] if tok is not None else [])], default=str).encode())
     for sh in shards:
         h.update(b"|shard")
         for s in sh.samples:
@@ -312,97 +431,6 @@ def _pillow_version() -> str:
     return str(PIL.__version__)
 
 
-# ---------------------------------------------------------------- destination
-def _check_not_inside(src: Path, dst: Path) -> None:
-    if src.is_file():
-        return
-    s, d = os.path.realpath(src), os.path.realpath(dst)
-    if d == s or d.startswith(s.rstrip(os.sep) + os.sep):
-        raise DestinationError(
-            f"{show(str(dst))}: the destination is inside the source {show(str(src))}; its shards "
-            "would be packed again on the next run. Choose a DST outside SRC"
-        )
-
-
-def _check_destination(dst: Path, kind: str, job: str, content: str, opts: PackOptions) -> bool:
-    """Decide what DST is: new, resumable, already complete (True), or refused."""
-    if dst.exists() and not dst.is_dir():
-        raise DestinationError(f"{show(str(dst))}: exists and is not a folder; choose another DST")
-    if not dst.exists():
-        return False
-    names = sorted(os.listdir(dst))
-    if not names:
-        return False
-    if INDEX_NAME in names:
-        try:
-            d = json.loads((dst / INDEX_NAME).read_text("utf-8"))
-            same = d.get("input") == kind and (d.get("options") or {}).get("content") == content
-        except (OSError, ValueError):
-            same = False
-        if same and not opts.overwrite:
-            if _shards_present(dst, d):
-                return True
-            log.warning("%s: index.json is there but shards are missing or truncated; packing again",
-                        show(str(dst)))
-            return False
-        if not opts.overwrite:
-            raise DestinationError(
-                f"{show(str(dst))}: already holds a complete dataset packed from other input or "
-                "options; pass --overwrite to replace it, or choose another DST"
-            )
-        return False
-    if RESUME_DIR in names:
-        try:
-            previous = json.loads((dst / JOB_RECORD).read_text("utf-8")).get("job")
-        except (OSError, ValueError):
-            previous = None
-        if previous == job:
-            log.info("%s: resuming an unfinished run of this job", show(str(dst)))
-            return False
-    if opts.overwrite:
-        return False
-    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-    what = "an unfinished run of another job (other source or options)" if RESUME_DIR in names else \
-        f"not empty ({shown})"
-    raise DestinationError(
-        f"{show(str(dst))}: {what}; choose an empty or new DST, or pass --overwrite to replace "
-        "fastfeed's files there (other files are left alone)"
-    )
-
-
-def _shards_present(dst: Path, index_json: dict[str, Any]) -> bool:
-    for s in index_json.get("shards", []):
-        p = dst / str(s.get("name", ""))
-        if not p.is_file() or p.stat().st_size != int(s.get("bytes", -1)):
-            return False
-    return True
-
-
 def _prepare(plan: PackPlan) -> None:
-    dst = Path(plan.dst)
-    if plan.options.overwrite and dst.is_dir():
-        remove_own_files(dst, keep=())
-        shutil.rmtree(dst / RESUME_DIR, ignore_errors=True)
-    (dst / RESUME_DIR).mkdir(parents=True, exist_ok=True)
-    job_path = dst / JOB_RECORD
     record = {"job": plan.job, "fastfeed": __version__, "src": plan.src, "content": plan.content}
-    try:
-        previous = json.loads(job_path.read_text("utf-8"))
-    except (OSError, ValueError):
-        previous = None
-    if previous != record:
-        atomic_write_bytes(job_path, (json.dumps(record, indent=1) + "\n").encode())
-
-
-def remove_own_files(dst: Path, keep: tuple[str, ...]) -> list[str]:
-    """Delete fastfeed's files in ``dst`` (shards, temporaries, sidecars, index) except ``keep``."""
-    removed = []
-    for name in sorted(os.listdir(dst)):
-        if name in keep or not OWN_FILE.match(name):
-            continue
-        try:
-            (dst / name).unlink()
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
+    prepare_destination(Path(plan.dst), overwrite=plan.options.overwrite, record=record)

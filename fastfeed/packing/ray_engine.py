@@ -106,7 +106,8 @@ def _check_visible(sub: PackPlan, local_dst: bool) -> None:
     """Fail clearly when this node cannot see SRC (or a folder DST) at the planned path."""
     node = _node()
     where = os.path.join(sub.root, sub.manifest) if sub.manifest else sub.root
-    if not is_url(where) and not os.path.exists(where):
+    in_memory = sub.table is not None and sub.table.dataset is not None  # a datasets.Dataset travels in the plan
+    if not in_memory and not is_url(where) and not os.path.exists(where):
         raise SourceError(
             f"{where}: not found on Ray node {node}; every node must see SRC at the same path "
             "(a shared file system), or pass SRC as a URL (s3://...)"

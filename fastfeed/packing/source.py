@@ -26,6 +26,7 @@ from fastfeed.errors import ConfigError, SourceError
 __all__ = [
     "INPUTS",
     "MANIFEST_SUFFIXES",
+    "TABLE_INPUTS",
     "FileEntry",
     "Member",
     "Problems",
@@ -38,7 +39,9 @@ __all__ = [
     "text_problem",
 ]
 
-INPUTS = ("imagefolder", "files", "jsonl")
+INPUTS = ("imagefolder", "files", "jsonl", "parquet", "hf")
+#: Inputs read as tables (rows -> samples, see :mod:`fastfeed.packing.parquet`).
+TABLE_INPUTS = ("parquet", "hf")
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 
 

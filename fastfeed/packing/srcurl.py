@@ -8,7 +8,7 @@ Names starting with ``.`` are ignored, as locally; object stores have no symlink
 permission bits or FIFOs, so those checks do not apply (an object that cannot be read
 fails, or is skipped, when its shard is written).
 
-Reading (:func:`read`, used by :func:`fastfeed.packing.write.read_source`) fetches whole
+Reading (:func:`read`, used by :func:`fastfeed.packing.load.read_source`) fetches whole
 objects or byte ranges with :func:`fastfeed.storage.remote.with_retries`. Credentials and
 endpoints come from the environment (``AWS_*`` variables, ``~/.aws``): of the driver
 for planning, and of every node for ``--engine ray``.

@@ -14,8 +14,9 @@ Shards are not fsynced: a killed process loses nothing the kernel already has, a
 re-run re-checks every reused shard's checksum. Run ``fastfeed verify`` after a power
 failure.
 
-All file reading goes through :func:`read_source` (one small function), so another
-engine can route it elsewhere (fsspec) without touching the rest.
+Samples of a folder or JSONL source are read by :mod:`fastfeed.packing.load` (all file
+reading goes through its :func:`~fastfeed.packing.load.read_source`); the rows of a
+table source, and tokenizing, come from :mod:`fastfeed.packing.stream`.
 
 Example:
     >>> plan = plan_pack("train", "train-ff")                       # doctest: +SKIP
@@ -30,42 +31,24 @@ import json
 import logging
 import os
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fastfeed.decode import roi
-from fastfeed.errors import BadFileError, SourceError
 from fastfeed.formats import FORMATS
-from fastfeed.formats.images import decode_errors, looks_like_image, reencode
 from fastfeed.formats.naming import is_image
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
+from fastfeed.packing.load import Problem, check_image, load_samples
 from fastfeed.packing.plan import PackPlan, ShardPlan
-from fastfeed.packing.source import (
-    Member,
-    SampleSpec,
-    parse_length,
-    resolve_length_member,
-    show,
-)
-from fastfeed.packing.srcurl import read as read_url
-from fastfeed.storage.remote import is_url
+from fastfeed.packing.source import Member, show
+from fastfeed.packing.stream import Item, table_items, with_tokens
 
-__all__ = ["ShardResult", "read_source", "shard_fingerprint", "write_shard"]
+__all__ = ["ProgressFn", "ShardResult", "shard_fingerprint", "write_shard"]
 
 log = logging.getLogger("fastfeed.pack")
 
-#: Local sources: samples whose files are opened and read ahead by the kernel (``_loaded``).
-READAHEAD = 32
-#: Sources on object storage: reader threads per writing process, keeping requests in flight.
-IO_THREADS = 8
-_CHUNK = 4
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
 ProgressFn = Callable[[int, int], None]
 
 
@@ -115,293 +98,14 @@ class ShardResult:
         return cls(**d)
 
 
-class _Problem(Exception):
-    """A bad input met while writing; becomes a SourceError or a skip entry."""
-
-    def __init__(self, cls: type[SourceError], where: str, reason: str, fix: str) -> None:
-        super().__init__(reason)
-        self.cls, self.where, self.reason, self.fix = cls, where, reason, fix
-
-    def error(self, root: str) -> SourceError:
-        path = self.where if os.path.isabs(self.where) else os.path.join(root, self.where)
-        return self.cls(f"{show(path)}: {self.reason}; {self.fix}")
-
-
-# ---------------------------------------------------------------- reading
-def read_source(path: str, size: int, offset: int | None = None) -> bytes:
-    """Read a source file whole (checking it still has ``size`` bytes), or ``size``
-    bytes at ``offset``. The single place packing reads input data.
-
-    Raises:
-        BadFileError: unreadable, or changed since it was planned.
-    """
-    if is_url(path):  # a source on object storage
-        return read_url(path, size, offset)
-    try:
-        fd = os.open(path, _O_READ)
-    except OSError as e:
-        raise BadFileError(f"{show(path)}: cannot read ({e.strerror}); fix its permissions, "
-                           "or pass --on-error skip") from None
-    return _read_open(fd, path, size, offset)
-
-
-def _read_open(fd: int, path: str, size: int, offset: int | None = None) -> bytes:
-    """:func:`read_source` on a file already open as ``fd`` (closed here)."""
-    try:
-        pos = offset or 0
-        want = size if offset is not None else size + 1  # one more byte detects growth
-        parts = []
-        got = 0
-        while got < want:
-            chunk = os.pread(fd, want - got, pos + got)
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-    except OSError as e:
-        raise BadFileError(f"{show(path)}: read failed ({e.strerror}); fix or remove the file, "
-                           "or pass --on-error skip") from None
-    finally:
-        os.close(fd)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    if len(data) != size:
-        raise BadFileError(f"{show(path)}: changed while packing ({len(data)}{'+' if got > size else ''} "
-                           f"bytes, planned {size}); re-run pack")
-    return data
-
-
-def _json_value(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
-                 ) -> tuple[dict[str, bytes], int, int]:
-    """Read one sample's members (using files ``fds`` already opened by ``_loaded``);
-    returns (fields, files read, bytes read)."""
-    fields: dict[str, bytes] = {}
-    files = nbytes = 0
-    record: dict[str, Any] | None = None
-    for m in spec.members:
-        if m.path is not None:
-            where = m.path
-            path = os.path.join(plan.root, m.path)
-            fd = fds.pop(path, None) if fds else None
-            try:
-                data = read_source(path, m.size) if fd is None else _read_open(fd, path, m.size)
-            except (BadFileError, OSError) as e:
-                reason = str(e).removeprefix(f"{show(path)}: ").split("; ")[0]
-                raise _Problem(BadFileError, where, reason,
-                               "fix or remove the file, or pass --on-error skip") from None
-            files += 1
-            nbytes += len(data)
-            if is_image(m.field):
-                data = _check_image(plan, m, data)
-        elif m.data is not None:
-            data = m.data
-        else:
-            if record is None:
-                record = _manifest_record(plan, spec)
-            try:
-                data = _json_value(record[m.json_key])
-            except (KeyError, UnicodeEncodeError, ValueError) as e:
-                raise _Problem(BadFileError, f"{plan.manifest}:{spec.key}",
-                               f"field {m.json_key!r} cannot be stored ({e})",
-                               "fix the manifest line, or pass --on-error skip") from None
-        fields[m.field] = data
-    return fields, files, nbytes
-
-
-def _manifest_record(plan: PackPlan, spec: SampleSpec) -> dict[str, Any]:
-    offset, length = spec.line or (0, 0)
-    path = os.path.join(plan.root, plan.manifest or "")
-    raw = read_source(path, length, offset)
-    if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        obj = None
-    if not isinstance(obj, dict):
-        raise _Problem(BadFileError, plan.manifest or "", f"the line of sample {show(spec.key)!r} changed "
-                       "while packing", "re-run pack")
-    return obj
-
-
-def _check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
-    if not looks_like_image(data[:32], m.field):
-        raise _Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
-                       f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
-    opts = plan.options
-    if opts.max_side is not None:
-        try:
-            data = reencode(data, m.field, opts.max_side, opts.quality)
-        except decode_errors() as e:
-            raise _Problem(BadFileError, m.path or "", f"cannot decode image for --max-side "
-                           f"({type(e).__name__}: {e})", "fix or remove the file, or pass --on-error skip") from None
-    if opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff":
-        data = _with_restarts(data)
-    return data
-
-
-def _with_restarts(data: bytes) -> bytes:
-    """The JPEG with a restart marker after every MCU, losslessly (same DCT coefficients,
-    re-optimised Huffman tables), so the loader decodes a crop's MCUs only; a JPEG libjpeg
-    cannot transcode cleanly (corrupt data, CMYK) is stored as it was."""
-    head = roi.header(data)
-    if head is None or not head[2]:  # unreadable header, CMYK/YCCK: stored as it was
-        return data
-    try:
-        return roi.add_restarts(data)
-    except ValueError:
-        return data
-
-
-def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
-    spec_text = plan.options.length or ""
-    name, sub = parse_length(spec_text)
-    m = resolve_length_member(spec.members, name)
-    where = m.path if m is not None and m.path else f"{plan.manifest or ''}:{spec.key}" if plan.manifest \
-        else spec.key
-    if m is None:
-        raise _Problem(SourceError, where, f"sample {show(spec.key)!r} has no field {name!r} for --length",
-                       "add the field, or choose another --length")
-    data = fields[m.field]
-    ext = m.field.rpartition(".")[2]
-    try:
-        if sub is not None or ext in ("json", "jsn"):
-            value = json.loads(data)
-            if sub is not None:
-                value = value[sub]
-            return _length_of(value)
-        text = data.decode("utf-8")
-        if ext in _TEXT_EXTS:
-            return len(text.split())
-        return _length_of(int(text.strip()))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise _Problem(SourceError, where, f"--length {spec_text}: sample {show(spec.key)!r} has no usable "
-                       f"length ({type(e).__name__}: {e})",
-                       "store a non-negative integer, a text or a list there, or pass --on-error skip") from None
-
-
-def _length_of(value: Any) -> int:
-    """Numbers as they are (integral), texts as their whitespace-token count, lists by size."""
-    if isinstance(value, bool):
-        raise TypeError("a boolean is not a length")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{value} is not an integer (store integer lengths, e.g. milliseconds)")
-        value = int(value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative")
-        return value
-    if isinstance(value, str):
-        return len(value.split())
-    if isinstance(value, list):
-        return len(value)
-    raise TypeError(f"a {type(value).__name__} is not a length")
-
-
-def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
-    if spec.label >= 0 or plan.kind != "files":
-        return spec.label
-    raw = fields.get("cls")
-    if raw is None:
-        return -1
-    try:
-        return int(raw.strip())
-    except ValueError:
-        return -1
-
-
-def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
-                     ) -> tuple[SampleSpec, Any]:
-    try:
-        fields, files, nbytes = _load_sample(plan, spec, fds)
-        label = _label(plan, spec, fields)
-        length = _length(plan, spec, fields) if plan.options.length else None
-        return spec, (fields, files, nbytes, label, length)
-    except _Problem as p:
-        return spec, p
-
-
-def _loaded(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
-    """Load samples in order, with reads of the next ones already under way.
-
-    Local files: the files of the next :data:`READAHEAD` samples are opened and the
-    kernel is asked to read them (``posix_fadvise(WILLNEED)``), so disk or network file
-    system reads overlap with hashing and writing, at the cost of one system call per
-    file and without Python threads (which cost more CPU than they save on a warm page
-    cache). Object storage:
-    :data:`IO_THREADS` reader threads keep requests in flight.
-    """
-    if is_url(plan.root):
-        yield from _loaded_threads(plan, samples)
-        return
-    if not hasattr(os, "posix_fadvise"):
-        for spec in samples:
-            yield _load_or_problem(plan, spec)
-        return
-    fds: dict[str, int] = {}  # files opened ahead; reading one closes it
-    try:
-        for ahead in samples[:READAHEAD]:
-            _will_need(plan.root, ahead, fds)
-        for i, spec in enumerate(samples):
-            if i + READAHEAD < len(samples):
-                _will_need(plan.root, samples[i + READAHEAD], fds)
-            yield _load_or_problem(plan, spec, fds)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
-def _will_need(root: str, spec: SampleSpec, fds: dict[str, int]) -> None:
-    """Open the sample's files and ask the kernel to start reading them."""
-    for m in spec.members:
-        if m.path is None:
-            continue
-        path = os.path.join(root, m.path)
-        try:
-            fd = os.open(path, _O_READ)
-        except OSError:
-            continue  # reading it later reports the problem
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        old = fds.pop(path, None)  # the same file twice in the window (a JSONL manifest can)
-        if old is not None:
-            os.close(old)
-        fds[path] = fd
-
-
-def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
-    chunks = [samples[i:i + _CHUNK] for i in range(0, len(samples), _CHUNK)]
-
-    def load_chunk(chunk: tuple[SampleSpec, ...]) -> list[tuple[SampleSpec, Any]]:
-        return [_load_or_problem(plan, s) for s in chunk]
-
-    with ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fastfeed-read") as ex:
-        window: deque = deque()
-        it = iter(chunks)
-        for c in it:
-            window.append(ex.submit(load_chunk, c))
-            if len(window) >= 2 * IO_THREADS:
-                break
-        while window:
-            done = window.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                window.append(ex.submit(load_chunk, nxt))
-            yield from done
-
-
 # ---------------------------------------------------------------- resume records
 def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
-    """Identity of a shard's inputs: the job, its samples, and their sizes and mtimes."""
+    """Identity of a shard's inputs: the job, its samples, and their sizes and mtimes (a table:
+    the source's fingerprint and the shard's units)."""
     h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.manifest_sha256}".encode())
+    if plan.table is not None:
+        h.update(f"|{plan.table.fingerprint}|{sorted(plan.table.dropped)}".encode())
+        h.update(repr([plan.table.units[i] for i in shard.units]).encode("utf-8", "surrogateescape"))
     for s in shard.samples:
         h.update(repr((s.key, s.label, s.line, s.members)).encode("utf-8", "surrogateescape"))
     return h.hexdigest()
@@ -478,6 +182,36 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
     return result
 
 
+def _items(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
+    """The planned samples of a folder / JSONL shard, loaded (bad ones raised or appended to ``skipped``)."""
+    for spec, loaded in load_samples(plan, shard.samples):
+        if isinstance(loaded, Problem):
+            if plan.options.on_error != "skip":
+                raise loaded.error(plan.root)
+            skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
+            continue
+        data, f, b, label, length = loaded
+        yield Item(spec.key, data, label, length, f, b)
+
+
+def _table_rows(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
+    """The rows of a table shard, their images re-encoded (``max_side``, ``jpeg_restarts``) as files are."""
+    items = table_items(plan, shard, skipped)
+    if plan.options.max_side is None and not plan.options.jpeg_restarts:
+        yield from items
+        return
+    for item in items:
+        try:
+            fields = {f: check_image(plan, Member(f, f"{item.key}.{f}", len(d), 0), d) if is_image(f) else d
+                      for f, d in item.fields.items()}
+        except Problem as p:
+            if plan.options.on_error != "skip":
+                raise p.error(plan.root) from None
+            skipped.append({"path": show(p.where), "key": show(item.key), "reason": p.reason})
+            continue
+        yield item._replace(fields=fields)
+
+
 def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
            progress: ProgressFn | None) -> ShardResult:
     dst = Path(plan.dst)
@@ -487,27 +221,22 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         writer = TarShardWriter(tmp, fileobj=fileobj) if fileobj is not None else FORMATS[fmt][0](tmp)
         offsets: list[tuple[int, int]] = []
         labels: list[int] = []
-        lengths: list[int] | None = [] if plan.options.length else None
+        lengths: list[int] | None = [] if plan.lengths_field else None
         skipped: list[dict[str, str]] = []
         fields: set[str] = set()
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
-        for spec, loaded in _loaded(plan, shard.samples):
-            if isinstance(loaded, _Problem):
-                if plan.options.on_error != "skip":
-                    raise loaded.error(plan.root)
-                skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
-                continue
-            data, f, b, label, length = loaded
-            offsets.append(writer.add(spec.key, data))
-            labels.append(label)
+        items = _table_rows(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
+        for item in with_tokens(plan, shard, items, skipped):
+            offsets.append(writer.add(item.key, item.fields))
+            labels.append(item.label)
             if lengths is not None:
-                lengths.append(length)
-            fields.update(data)
-            files += f
-            nbytes += b
-            pend_files += f
-            pend_bytes += b
+                lengths.append(int(item.length or 0))
+            fields.update(item.fields)
+            files += item.files
+            nbytes += item.nbytes
+            pend_files += item.files
+            pend_bytes += item.nbytes
             if progress is not None and time.monotonic() - last > 0.2:
                 progress(pend_files, pend_bytes)
                 pend_files = pend_bytes = 0

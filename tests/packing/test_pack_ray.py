@@ -299,3 +299,24 @@ def test_losing_a_node_mid_shard_still_gives_identical_output(driver: Any, tmp_p
     pack(src, tmp_path / "local", workers=1, **opts)
     _same_output(tmp_path / "local", tmp_path / "ray")
     assert not list((tmp_path / "ray").glob("*.tmp"))
+
+
+def test_ray_engine_parquet_with_tokenizer_matches_local(driver: Any, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    texts = [f"row {i} of a small parquet corpus" for i in range(30)]
+    (tmp_path / "src").mkdir()
+    pq.write_table(pa.table({"text": texts, "n": list(range(30))}), tmp_path / "src" / "a.parquet", row_group_size=7)
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=60, special_tokens=["[PAD]", "[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    opts: dict[str, Any] = dict(samples_per_shard=10, tokenizer=tmp_path / "tokenizer.json", tokenize="text")
+    local = pack(tmp_path / "src", tmp_path / "local", **opts)
+    ray_idx = pack(tmp_path / "src", tmp_path / "ray", engine="ray", **opts)
+    _same_output(tmp_path / "local", tmp_path / "ray")
+    assert ray_idx.input == "parquet" and list(ray_idx.lengths) == list(local.lengths)
+    assert ray_idx.num_samples == 30
