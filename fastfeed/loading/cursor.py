@@ -241,9 +241,10 @@ class EpochCursor:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` on the next pass (checked by :func:`check_state`)."""
+        if self._stream is not None and isinstance(state, Mapping):
+            self._stream.check_state(state)  # its own differences first: they explain the others
         check_state(state, self.state_dict(), self._num_batches if self._stream is None else None)
         if self._stream is not None:
-            self._stream.check_state(state)
             check_state(state, self.state_dict(), self._stream.num_batches(state["epoch"]))
         self._epoch, self._consumed, self._resume = state["epoch"], state["batches"], state["batches"]
         self._epoch_set = False
