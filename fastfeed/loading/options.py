@@ -118,7 +118,9 @@ class LoaderOptions:
     knobs came from (``"explicit"``, ``"tuned"``, ``"default"``).
     """
 
-    batch_size: int
+    #: always an int once validated; None (the default) only in ``loader()``'s signature, where a
+    #: ``batch_sampler`` may give it
+    batch_size: int = None  # type: ignore[assignment]
     # the order (part of every resume state)
     shuffle: bool = True
     seed: int = 0
