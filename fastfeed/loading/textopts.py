@@ -72,9 +72,12 @@ def text_settings(args: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"seq_len": seq_len, "pad_id": _pad_id(args.get("pad_id")),
                            "pad_multiple": _positive("pad_multiple", args.get("pad_multiple", 1), allow_none=False)}
     sampler = args.get("batch_sampler")
-    if args.get("decode") == "dali" and (seq_len is not None or sampler is not None):
-        raise ConfigError("decode='dali' decodes images; seq_len= and batch_sampler= load token data, "
-                          "which needs no decoding: use decode='cpu' (the default) with them")
+    if args.get("decode") == "dali":
+        given = [f"{k}={args[k]!r}" for k, neutral in (("seq_len", None), ("batch_sampler", None), ("pad_id", None),
+                                                       ("pad_multiple", 1)) if args.get(k, neutral) != neutral]
+        if given:
+            raise ConfigError(f"decode='dali' decodes images; {', '.join(given)} load or pad token data, which "
+                              "needs no decoding: use decode='cpu' (the default) with them")
     if seq_len is not None:
         _check_seq_len(args, sampler)
     if sampler is not None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing as mp
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -135,8 +137,9 @@ def test_seq_len_errors(tokens: Path, tmp_path: Path) -> None:
     write_dataset(plain, shard_counts=(5, 5))
     with pytest.raises(ConfigError, match=r"no tokens field.*fastfeed pack .*--tokenizer .*--tokenize FIELD"):
         fastfeed.loader(plain, batch_size=2, seq_len=16)
-    with pytest.raises(ConfigError, match="decode='cpu'"):
-        fastfeed.loader(tokens, batch_size=2, seq_len=16, decode="dali")
+    for dali in ({"seq_len": 16}, {"pad_multiple": 8}):
+        with pytest.raises(ConfigError, match="decode='dali' decodes images.*use decode='cpu'"):
+            fastfeed.loader(tokens, batch_size=2, decode="dali", image_size=8, **dali)
     with pytest.raises(ConfigError, match="transform"):
         fastfeed.loader(tokens, batch_size=2, seq_len=16, transform=lambda s: s)
     with pytest.raises(ConfigError, match="on_error='raise'"):
@@ -239,6 +242,7 @@ def test_batch_sampler_resume_through_state_dict(tokens: Path) -> None:
     dl = make(2)
     dl.set_epoch(1)
     full = list(dl)
+    assert dl.stats.steps == len(full) == len(dl) and dl.stats.samples == sum(len(b["__key__"]) for b in full)
     dl.set_epoch(1)
     it = iter(dl)
     head = [next(it) for _ in range(3)]
@@ -304,3 +308,49 @@ def test_two_gloo_ranks_seq_len_equal_steps(tokens: Path, tmp_path: Path) -> Non
     assert results[0]["steps"] == results[1]["steps"] == results[0]["len"] == -(-TOTAL // (2 * 2 * 40))
     delivered = Counter(t for r in results for t in r["tokens"])
     assert max(delivered.values()) == 1 and sum(delivered.values()) == TOTAL
+
+
+# ---------------------------------------------------------------------- a real BPE tokenizer
+def _bpe(texts: list[str]):  # noqa: ANN202 - tokenizers.Tokenizer
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>"]))
+    return tok
+
+
+def test_real_bpe_tokens_packed_and_padded(tmp_path: Path) -> None:
+    """Text tokenized by a BPE trained here: stored ids packed into rows give back the stream of
+    documents; tokenizing in the workers (transform) gives the same padded batches as stored ids."""
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly brew potent elixirs".split()
+    texts = [" ".join(words[(i * 5 + j) % len(words)] for j in range(3 + (i * 7) % 40)) for i in range(60)]
+    tok = _bpe(texts)
+    pad = tok.token_to_id("<pad>")
+    ids = [np.array(tok.encode(t).ids, dtype=np.uint16) for t in texts]
+
+    def fields_of(i: int, rng: np.random.Generator) -> dict[str, bytes]:
+        buf = io.BytesIO()
+        np.save(buf, ids[i], allow_pickle=False)
+        return {"tokens.npy": buf.getvalue(), "txt": texts[i].encode()}
+
+    root = tmp_path / "bpe"
+    index = write_dataset(root, shard_counts=(25, 20, 15), fields=fields_of, labels=False)
+    replace(index, lengths_field="tokens").with_arrays(
+        offsets=np.asarray(index.offsets), lengths=np.array([a.size for a in ids])).save(root)
+
+    rows = list(fastfeed.loader(root, batch_size=4, seq_len=32, shuffle=False, num_workers=2))
+    stream = torch.cat([b["input_ids"][b["valid"]] for b in rows]).tolist()
+    assert stream == np.concatenate(ids).astype(np.int64).tolist()
+    assert tok.decode(rows[0]["input_ids"][0].tolist()).startswith(texts[0][:10])
+
+    def encode(s: dict) -> dict:
+        return {"__key__": s["__key__"], "input_ids": np.array(tok.encode(s["txt"]).ids, dtype=np.int64)}
+
+    stored = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=0, pad_id=pad, pad_multiple=8))
+    live = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=2, pad_id=pad, pad_multiple=8,
+                                transform=encode))
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
+               for a, b in zip(stored, live))
+    assert stored[0]["input_ids"].shape[1] % 8 == 0 and (stored[0]["input_ids"][stored[0]["attention_mask"] == 0]
+                                                         == pad).all()
