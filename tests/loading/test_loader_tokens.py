@@ -108,6 +108,14 @@ def test_seq_len_deterministic_and_independent_of_workers(tokens: Path) -> None:
                for x, y in zip(a, b))
     other = list(fastfeed.loader(tokens, num_workers=0, **{**kw, "seed": 8}))
     assert not all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, other))
+    dl = fastfeed.loader(tokens, num_workers=2, **kw)  # persistent workers see the next epoch
+    epochs = []
+    for epoch in range(2):
+        dl.set_epoch(epoch)
+        epochs.append(list(dl))
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(epochs[0], a))
+    assert not all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(epochs[0], epochs[1]))
+    assert Counter(_tokens_of(epochs[1])) == Counter(_tokens_of(a))  # a new order of the same tokens
 
 
 @pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 1)])
