@@ -64,6 +64,10 @@ class Padding:
     pad_id: int = 0
     pad_multiple: int = 1
 
+    def __post_init__(self) -> None:
+        if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
+            raise ConfigError(f"pad_multiple={self.pad_multiple!r} must be an integer >= 1")
+
     def width(self, longest: int) -> int:
         """The padded length of a batch whose longest sample has ``longest`` positions."""
         return -(-longest // self.pad_multiple) * self.pad_multiple

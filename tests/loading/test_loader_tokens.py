@@ -19,7 +19,7 @@ from fastfeed.packed.index import DatasetIndex
 from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 from _dist import run_ranks
-from _loader_data import write_dataset
+from _loader_data import image_fields, write_dataset
 from _token_data import doc_length, doc_tokens, index_has_tokenizer, write_token_dataset
 
 N_DOCS = 150
@@ -265,6 +265,23 @@ def test_batch_sampler_resume_through_state_dict(tokens: Path) -> None:
     other = _budget(tokens, 2, 0, max_cost=400)
     with pytest.raises(StateError, match="batch_sampler"):
         fastfeed.loader(tokens, batch_sampler=other, num_workers=0).load_state_dict(state)
+
+
+def test_batch_sampler_over_images_reuses_buffers(tmp_path: Path) -> None:
+    root = tmp_path / "img"
+    write_dataset(root, shard_counts=(7, 7, 7, 4), fields=image_fields)
+    lengths = np.arange(25) % 7 + 1
+    s = DistributedLengthBucketSampler(lengths, batch_size=4, num_replicas=1, rank=0, seed=2)
+    dl = fastfeed.loader(root, batch_sampler=s, image_size=16, num_workers=2)
+    assert dl._pool is not None  # persistent workers refill the batches let go
+    for epoch in range(2):
+        dl.set_epoch(epoch)
+        s.set_epoch(epoch)
+        expect = [[f"s{i:05d}" for i in b] for b in s]
+        got = list(dl)
+        assert [b["__key__"] for b in got] == expect
+        assert all(tuple(b["image"].shape) == (len(k), 3, 16, 16) for b, k in zip(got, expect))
+        assert all(b["label"].tolist() == [int(k[1:]) % 3 for k in b["__key__"]] for b in got)
 
 
 def test_batch_sampler_errors(tokens: Path, tmp_path: Path) -> None:
