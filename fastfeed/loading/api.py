@@ -307,8 +307,9 @@ def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
                          storage_options=o.storage_options, max_open=max_open)
     dataset: ShardBatches | TokenBatches
     stream: BatchStream | None = None
-    order = dict(batch_size=o.batch_size, seed=o.seed, shuffle=o.shuffle, drop_last=o.drop_last, rank=o.rank,
-                 world_size=o.world_size, shuffle_block=o.shuffle_block, on_error=o.on_error)
+    order: dict[str, Any] = {
+        "batch_size": o.batch_size, "seed": o.seed, "shuffle": o.shuffle, "drop_last": o.drop_last, "rank": o.rank,
+        "world_size": o.world_size, "shuffle_block": o.shuffle_block, "on_error": o.on_error}
     if o.seq_len is not None:
         dataset = TokenBatches.from_options(source, o)
         stream = dataset.stream

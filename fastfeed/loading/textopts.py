@@ -31,7 +31,10 @@ from typing import Any, Mapping
 
 from fastfeed.errors import ConfigError
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
-from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
+from fastfeed.sampling.samplers import (
+    DistributedLengthBucketSampler,
+    DistributedTokenBudgetSampler,
+)
 
 __all__ = ["SAMPLERS", "text_settings", "typical_batch"]
 

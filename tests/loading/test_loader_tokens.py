@@ -8,6 +8,7 @@ import multiprocessing as mp
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,7 +101,7 @@ def test_seq_len_rows_follow_the_documents(tokens: Path) -> None:
 
 
 def test_seq_len_deterministic_and_independent_of_workers(tokens: Path) -> None:
-    kw = dict(batch_size=2, seq_len=32, seed=7)
+    kw: dict[str, Any] = {"batch_size": 2, "seq_len": 32, "seed": 7}
     a = list(fastfeed.loader(tokens, num_workers=0, **kw))
     b = list(fastfeed.loader(tokens, num_workers=2, **kw))
     assert len(a) == len(b)
@@ -120,7 +121,7 @@ def test_seq_len_deterministic_and_independent_of_workers(tokens: Path) -> None:
 
 @pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 1)])
 def test_seq_len_resume_mid_epoch_in_a_fresh_loader(tokens: Path, workers_before: int, workers_after: int) -> None:
-    kw = dict(batch_size=2, seq_len=24, seed=1, rank=1, world_size=2)
+    kw: dict[str, Any] = {"batch_size": 2, "seq_len": 24, "seed": 1, "rank": 1, "world_size": 2}
     full = list(fastfeed.loader(tokens, num_workers=0, **kw))
     dl = fastfeed.loader(tokens, num_workers=workers_before, **kw)
     dl.set_epoch(0)
@@ -336,7 +337,7 @@ def test_two_gloo_ranks_seq_len_equal_steps(tokens: Path, tmp_path: Path) -> Non
 
 
 # ---------------------------------------------------------------------- a real BPE tokenizer
-def _bpe(texts: list[str]):  # noqa: ANN202 - tokenizers.Tokenizer
+def _bpe(texts: list[str]) -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -348,7 +349,8 @@ def _bpe(texts: list[str]):  # noqa: ANN202 - tokenizers.Tokenizer
 def test_real_bpe_tokens_packed_and_padded(tmp_path: Path) -> None:
     """Text tokenized by a BPE trained here: stored ids packed into rows give back the stream of
     documents; tokenizing in the workers (transform) gives the same padded batches as stored ids."""
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly brew potent elixirs".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
+             "quietly", "brew", "potent", "elixirs"]
     texts = [" ".join(words[(i * 5 + j) % len(words)] for j in range(3 + (i * 7) % 40)) for i in range(60)]
     tok = _bpe(texts)
     pad = tok.token_to_id("<pad>")
