@@ -10,6 +10,19 @@
 - ints (and bools) / floats: one int64 (bool) / float64 tensor;
 - anything else (bytes, str, dicts, None for a missing field): a list.
 
+With a :class:`Padding` (``loader()`` passes one for token data; see
+:func:`pad_fields`), arrays that differ only along their first axis are padded
+instead of refused:
+
+- ``"input_ids"`` is always padded (even when every sample has the same length), with
+  ``pad_id``, to the longest sample rounded up to a multiple of ``pad_multiple``, and
+  ``"attention_mask"`` (int64, 1 on real tokens, 0 on padding) is added unless the
+  samples bring their own;
+- any other array field whose lengths equal ``input_ids``' sample by sample
+  (``attention_mask``, ``token_type_ids``, ``labels`` of a tokenizer) is padded with 0
+  to the same width, so the fields line up;
+- any other ragged array field is padded with 0 to its own longest (same rounding).
+
 :func:`batch_buffer` allocates the uint8 batch array the decoders fill in place; inside
 a DataLoader worker it lives in shared memory, so handing the batch to the main process
 copies nothing.
@@ -23,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,7 +45,32 @@ import torch
 from fastfeed.decode import bufpool
 from fastfeed.errors import ConfigError
 
-__all__ = ["batch_buffer", "collate", "nhwc_to_nchw"]
+__all__ = ["INPUT_IDS", "MASK", "Padding", "batch_buffer", "collate", "nhwc_to_nchw", "pad_fields"]
+
+#: The padded token field and its mask (the names Hugging Face models take).
+INPUT_IDS = "input_ids"
+MASK = "attention_mask"
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How :func:`collate` pads ragged arrays (see the module docstring).
+
+    Attributes:
+        pad_id: the value of padded ``input_ids`` positions.
+        pad_multiple: round padded lengths up to a multiple of this (8 suits tensor cores).
+    """
+
+    pad_id: int = 0
+    pad_multiple: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
+            raise ConfigError(f"pad_multiple={self.pad_multiple!r} must be an integer >= 1")
+
+    def width(self, longest: int) -> int:
+        """The padded length of a batch whose longest sample has ``longest`` positions."""
+        return -(-longest // self.pad_multiple) * self.pad_multiple
 
 
 def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -74,7 +113,8 @@ def _stack_arrays(key: str, vals: list[np.ndarray]) -> torch.Tensor:
     if len(shapes) > 1:
         raise ConfigError(
             f"field {key!r}: samples of one batch have different shapes {sorted(shapes)[:4]}; "
-            "pass image_size= (images) or make your transform return equal shapes"
+            "pass image_size= (images), make your transform return equal shapes, or return "
+            "1-D token arrays as 'input_ids' (loader() pads ragged arrays of token data)"
         )
     first = vals[0]
     if key == "image" and first.ndim == 3 and first.dtype == np.uint8 and first.shape[-1] in (1, 3, 4):
@@ -107,8 +147,55 @@ def _collate_values(key: str, vals: list[Any]) -> Any:
     return list(vals)
 
 
-def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate sample dicts by the rules of the module docstring.
+def _pad(vals: list[np.ndarray], width: int, value: int) -> np.ndarray:
+    dtype = np.int64 if all(v.dtype.kind in "biu" for v in vals) else np.result_type(*vals)
+    out = np.full((len(vals), width, *vals[0].shape[1:]), value, dtype=dtype)
+    for j, v in enumerate(vals):
+        out[j, : v.shape[0]] = v
+    return out
+
+
+def _raggable(vals: list[Any]) -> bool:
+    """Arrays of at least one axis that agree beyond the first axis."""
+    return (all(isinstance(v, np.ndarray) and v.ndim >= 1 for v in vals)
+            and len({v.shape[1:] for v in vals}) == 1)
+
+
+def pad_fields(samples: Sequence[dict[str, Any]], pad: Padding) -> dict[str, torch.Tensor]:
+    """The padded fields of ``samples`` (the rules of the module docstring), as tensors.
+
+    Example:
+        >>> out = pad_fields([{"input_ids": np.array([4, 5, 6])}, {"input_ids": np.array([7])}],
+        ...                  Padding(pad_id=1, pad_multiple=4))
+        >>> out["input_ids"].tolist(), out["attention_mask"].tolist()
+        ([[4, 5, 6, 1], [7, 1, 1, 1]], [[1, 1, 1, 0], [1, 0, 0, 0]])
+    """
+    out: dict[str, torch.Tensor] = {}
+    names: dict[str, None] = {}
+    for s in samples:
+        names.update(dict.fromkeys(k for k in s if not k.startswith("__")))
+    ids = [s.get(INPUT_IDS) for s in samples]
+    lengths: list[int] | None = None
+    if _raggable(ids):
+        lengths = [v.shape[0] for v in ids]
+        width = pad.width(max(lengths))
+        out[INPUT_IDS] = torch.from_numpy(_pad(ids, width, pad.pad_id))
+        if MASK not in names:
+            out[MASK] = torch.from_numpy((np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64))
+    for k in names:
+        vals = [s.get(k) for s in samples]
+        if k in (INPUT_IDS, "image") or not _raggable(vals):  # images of other sizes stay an error
+            continue
+        own = [v.shape[0] for v in vals]
+        if lengths is not None and own == lengths:
+            out[k] = torch.from_numpy(_pad(vals, out[INPUT_IDS].shape[1], 0))
+        elif len(set(own)) > 1:
+            out[k] = torch.from_numpy(_pad(vals, pad.width(max(own)), 0))
+    return out
+
+
+def collate(samples: Sequence[dict[str, Any]], pad: Padding | None = None) -> dict[str, Any]:
+    """Collate sample dicts by the rules of the module docstring (``pad``: pad ragged arrays).
 
     Keys missing from some samples give None in lists (a tensor field must be present
     in every sample of the batch).
@@ -123,12 +210,14 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s in samples:
         keys.update(dict.fromkeys(s))
     out: dict[str, Any] = {"__key__": [s.get("__key__", "") for s in samples]}
+    padded = pad_fields(samples, pad) if pad is not None and samples else {}
     for k in keys:
-        if k == "__key__":
+        if k == "__key__" or k in padded:
             continue
         vals = [s.get(k) for s in samples]
         if any(v is None for v in vals):
             out[k] = vals
         else:
             out[k] = _collate_values(k, vals)
+    out.update(padded)
     return out

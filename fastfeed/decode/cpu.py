@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from fastfeed.decode.collate import batch_buffer, collate, nhwc_to_nchw
+from fastfeed.decode.collate import INPUT_IDS, Padding, batch_buffer, collate, nhwc_to_nchw
 from fastfeed.decode.fields import decode_field, is_image
 from fastfeed.decode.geometry import (
     FLIP,
@@ -91,8 +91,9 @@ class RawDecoder:
         [b'x']
     """
 
-    def __init__(self, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
-        self.transform = transform
+    def __init__(self, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 pad: Padding | None = None) -> None:
+        self.transform, self.pad = transform, pad
 
     def decode_sample(self, sample: dict[str, Any], sid: int, epoch: int, label: int | None) -> dict[str, Any]:
         out = dict(sample)
@@ -111,7 +112,7 @@ class RawDecoder:
                 if fail is None:
                     raise
                 fail(j, e)
-        return collate(out)
+        return collate(out, self.pad)
 
 
 class CpuDecoder:
@@ -129,6 +130,8 @@ class CpuDecoder:
         ratio: RandomResizedCrop aspect-ratio range.
         flip: random horizontal flip when augmenting.
         crop_fraction: evaluation crop as a fraction of the shorter side.
+        pad: pad ragged arrays (token data) in the collate (:class:`~fastfeed.decode.collate.Padding`).
+        tokens_field: a field of token ids (``tokens.npy``) delivered as ``"input_ids"``.
     """
 
     def __init__(
@@ -144,7 +147,10 @@ class CpuDecoder:
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip: bool = True,
         crop_fraction: float = 0.875,
+        pad: Padding | None = None,
+        tokens_field: str | None = None,
     ) -> None:
+        self.pad, self.tokens_field = pad, tokens_field
         self.image_size = normalize_image_size(image_size)
         self.scale, self.ratio, self.crop_fraction = check_crop(scale, ratio, crop_fraction)
         self.augment, self.seed, self.flip = bool(augment), int(seed), bool(flip)
@@ -197,6 +203,8 @@ class CpuDecoder:
         if lab is not None:
             out["label"] = lab
         out.update(self._other_fields(sample, field))
+        if self.tokens_field is not None and self.tokens_field in out:
+            out[INPUT_IDS] = out.pop(self.tokens_field)
         return self.transform(out) if self.transform is not None else out
 
     def _decode_one(self, data: bytes, u: np.ndarray | None) -> np.ndarray:
@@ -211,7 +219,7 @@ class CpuDecoder:
     def decode_batch(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
                      labels: np.ndarray | None, fail: Fail | None) -> dict[str, Any]:
         """Decode and collate a batch; samples that fail go to ``fail`` (None: raise)."""
-        if self.transform is not None or self.image_size is None:
+        if self.transform is not None or self.image_size is None or self.tokens_field is not None:
             return self._batch_generic(samples, ids, epoch, labels, fail)
         out_h, out_w = self.image_size
         buf, arr = batch_buffer((len(samples), out_h, out_w, 3))
@@ -267,4 +275,4 @@ class CpuDecoder:
                 if fail is None or isinstance(e, ConfigError):
                     raise
                 fail(j, e)
-        return collate(out)
+        return collate(out, self.pad)

@@ -48,12 +48,14 @@ from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
 from fastfeed.loading.bottleneck import line_hook
-from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Pass, Resumable
+from fastfeed.loading.cursor import STATE_VERSION, BatchStream, EpochCursor, Pass, Resumable
 from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.sampled import SamplerBatches, check_sampler_fits
 from fastfeed.loading.stats import LoaderStats
+from fastfeed.loading.tokens import TokenBatches, padding_of
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource, check_shards, resolve_index
 from fastfeed.storage.remote import is_url
@@ -95,7 +97,8 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
                  pin_memory: bool, persistent_workers: bool, timeout: float,
                  multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
                  log_every: int | None, workers_from: str, reuse_buffers: bool = False,
-                 sampler: None = None, batch_sampler: None = None) -> None:
+                 stream: BatchStream | None = None, sampler: None = None,
+                 batch_sampler: None = None) -> None:
         # sampler / batch_sampler: only None, which frameworks that re-create a DataLoader over an
         # IterableDataset pass (Lightning's predict); DataLoader rejects anything else
         kwargs: dict[str, Any] = {}
@@ -121,7 +124,7 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
             fingerprint=self.index.fingerprint, shard_counts=self.index.shard_counts,
             batch_size=dataset.batch_size, seed=dataset.seed, shuffle=dataset.shuffle,
             drop_last=dataset.drop_last, shuffle_block=dataset.shuffle_block, rank=dataset.rank,
-            world_size=dataset.world_size)
+            world_size=dataset.world_size, stream=stream)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         return self._cursor.run(self._open_pass)
@@ -158,7 +161,7 @@ def _pop_skipped(batch: dict[str, Any]) -> tuple[int, list[str]]:
 def loader(
     path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
-    batch_size: int,
+    batch_size: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
     decode: str | None = "cpu",
@@ -188,6 +191,10 @@ def loader(
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
     reuse_buffers: bool = True,
+    seq_len: int | None = None,
+    pad_id: int | None = None,
+    pad_multiple: int = 1,
+    batch_sampler: Any = None,
     **dali_options: Any,
 ) -> Loader:
     """A deterministic, resumable, rank- and worker-aware DataLoader over fastfeed shards.
@@ -195,7 +202,8 @@ def loader(
     Args:
         path_or_url: a packed dataset (folder or fsspec URL with ``index.json``), or
             WebDataset tars without index (folder, shard, list, brace pattern, glob).
-        batch_size: samples per batch on each rank.
+        batch_size: samples per batch on each rank (rows with ``seq_len``; from the sampler
+            with ``batch_sampler``).
         shuffle: new shard and sample order every epoch (False: index order).
         seed: the seed of the order and of the random crops (>= 0).
         decode: ``"cpu"`` (decode in the workers), ``"dali"`` (NVIDIA DALI, GPU) or None
@@ -228,6 +236,17 @@ def loader(
             ~0.2 ms per 224 px image where measured; see :mod:`fastfeed.decode.bufpool`). A batch you
             keep, or a view of it, is never refilled. Pass False if you hand batches on to
             another process without copying them.
+        seq_len: pack the epoch's documents (a ``tokens`` field) into rows of exactly this
+            many tokens: ``input_ids``, ``position_ids``, ``valid``, ``cu_seqlens`` (see
+            :mod:`fastfeed.loading.tokens`).
+        pad_id: the value of padded ``input_ids`` (default: the pad id ``pack --tokenizer``
+            stored, else 0). Without ``seq_len``, a tokens field and ragged arrays from a
+            ``transform`` come out padded, with an ``attention_mask``
+            (:mod:`fastfeed.decode.collate`).
+        pad_multiple: round padded lengths up to a multiple of this.
+        batch_sampler: a ``DistributedTokenBudgetSampler`` or ``DistributedLengthBucketSampler``
+            that decides every batch (:mod:`fastfeed.loading.sampled`); the batch size and
+            the order come from it.
         **dali_options: the options of ``decode="dali"`` only (``num_threads``,
             ``hw_decoder_load``, ``prefetch_queue_depth``, ``device_id``, ``output``, ``mean``,
             ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
@@ -260,12 +279,16 @@ def loader(
         image_field=image_field, crop_scale=crop_scale, crop_ratio=crop_ratio, flip=flip,
         crop_fraction=crop_fraction, log_every=log_every, timeout=timeout,
         multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
-        reuse_buffers=reuse_buffers, **dali_options,
+        reuse_buffers=reuse_buffers, seq_len=seq_len, pad_id=pad_id, pad_multiple=pad_multiple,
+        batch_sampler=batch_sampler, **dali_options,
     )
     index = resolve_index(path_or_url, cache_dir=options.cache_dir, cache_size=options.cache_size,
                           storage_options=options.storage_options, on_error=options.on_error)
     check_shards(index)
-    options.check_fits(index.num_samples)
+    if options.batch_sampler is not None:
+        check_sampler_fits(options.batch_sampler, index.num_samples, index.root or index.input)
+    elif options.seq_len is None:  # seq_len: TokenBatches checks that one window of tokens fits
+        options.check_fits(index.num_samples)
     if options.decode == "dali":
         return dali_loader(index, options)
     return _cpu_loader(index, options)
@@ -279,24 +302,37 @@ def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
     max_open = _max_open(index, o.shuffle_block, o.cache_dir)
     if o.cache_dir is None and index.shards and is_url(index.shard_path(0)):
         _warn_no_cache(index, workers, max_open)
+    pad, tokens_field = padding_of(index, o)
     decoder: CpuDecoder | RawDecoder
     if o.decode == "cpu":
         decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
                              image_field=o.image_field, transform=o.transform, scale=o.crop_scale,
-                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction)
+                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction, pad=pad,
+                             tokens_field=tokens_field)
     else:
-        decoder = RawDecoder(o.transform)
+        decoder = RawDecoder(o.transform, pad=pad)
     source = ShardSource(index, cache_dir=o.cache_dir, cache_size=o.cache_size,
                          storage_options=o.storage_options, max_open=max_open)
-    dataset = ShardBatches(source, decoder, batch_size=o.batch_size, seed=o.seed, shuffle=o.shuffle,
-                           drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
-                           shuffle_block=o.shuffle_block, on_error=o.on_error)
+    dataset: ShardBatches | TokenBatches
+    stream: BatchStream | None = None
+    order: dict[str, Any] = {
+        "batch_size": o.batch_size, "seed": o.seed, "shuffle": o.shuffle, "drop_last": o.drop_last, "rank": o.rank,
+        "world_size": o.world_size, "shuffle_block": o.shuffle_block, "on_error": o.on_error}
+    if o.seq_len is not None:
+        dataset = TokenBatches.from_options(source, o)
+        stream = dataset.stream
+    elif o.batch_sampler is not None:
+        dataset = SamplerBatches(source, decoder, sampler=o.batch_sampler, **order)
+        stream = dataset.stream
+    else:
+        dataset = ShardBatches(source, decoder, **order)
     return Loader(
         dataset, num_workers=workers, prefetch_factor=prefetch,
         pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
         persistent_workers=o.persistent_workers, timeout=o.timeout,
         multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
-        log_every=o.log_every, workers_from=workers_from, reuse_buffers=o.reuse_buffers,
+        log_every=o.log_every, workers_from=workers_from,
+        reuse_buffers=o.reuse_buffers and o.seq_len is None, stream=stream,
     )
 
 

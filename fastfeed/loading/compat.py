@@ -56,7 +56,8 @@ def recreate_kwargs(loader: Any) -> dict[str, Any]:
     if kwargs["num_workers"] == 0:  # DataLoader's defaults; Loader passes neither without workers
         kwargs["prefetch_factor"], kwargs["persistent_workers"] = None, False
     kwargs.update(dataset=loader.dataset, log_every=loader.stats.log_every or None,
-                  workers_from=loader.workers_from, reuse_buffers=False)
+                  workers_from=loader.workers_from, reuse_buffers=False,
+                  stream=getattr(loader.dataset, "stream", None))  # seq_len / batch_sampler batches
     return kwargs
 
 

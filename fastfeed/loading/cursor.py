@@ -55,7 +55,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -64,7 +64,7 @@ from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
 from fastfeed.packed.index import DatasetIndex
 
-__all__ = ["EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "check_state"]
+__all__ = ["BatchStream", "EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "check_state"]
 
 T = TypeVar("T")
 
@@ -75,6 +75,24 @@ MUST_MATCH = ("dataset", "num_samples", "world_size", "batch_size", "drop_last",
               "shuffle_block")
 _INTS = ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block")
 _PLANS_KEPT = 3  # a DALI feed runs into the next epoch while this one ends
+#: State fields of the batch streams (:class:`BatchStream`): a state holding one fits only a
+#: loader of that kind.
+STREAM_KEYS = ("seq_len", "sampler")
+
+
+class BatchStream(Protocol):
+    """A loader whose batches are not the sample plan's (``seq_len``, ``batch_sampler``):
+    how many batches an epoch has, and what its state adds (see :mod:`fastfeed.loading.tokens`,
+    :mod:`fastfeed.loading.sampled`). The cursor's epochs, passes and batch counts are unchanged."""
+
+    def num_batches(self, epoch: int) -> int:
+        """Batches of ``epoch`` on this rank (the same on every rank)."""
+
+    def state(self, epoch: int, batches: int) -> dict[str, Any]:
+        """The fields it adds to the state after ``batches`` batches of ``epoch``."""
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise :class:`~fastfeed.errors.StateError` if ``state`` was saved by another stream."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +116,12 @@ class EpochCursor:
 
     def __init__(self, *, fingerprint: str, shard_counts: Sequence[int] | np.ndarray, batch_size: int,
                  seed: int, shuffle: bool, drop_last: bool, shuffle_block: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, stream: BatchStream | None = None) -> None:
         self._counts = np.asarray(shard_counts, dtype=np.int64)
         num_samples = int(self._counts.sum())
-        self.num_batches = num_batches(num_samples, world_size=world_size, batch_size=batch_size,
-                                       drop_last=drop_last)
+        self._stream = stream
+        self._num_batches = num_batches(num_samples, world_size=world_size, batch_size=batch_size,
+                                        drop_last=drop_last)
         self._order: dict[str, Any] = {
             "seed": seed, "world_size": world_size, "rank": rank, "batch_size": batch_size,
             "drop_last": drop_last, "shuffle": shuffle, "shuffle_block": shuffle_block,
@@ -128,6 +147,11 @@ class EpochCursor:
                    rank=o.rank, world_size=o.world_size)
 
     # ------------------------------------------------------------------ epochs and passes
+    @property
+    def num_batches(self) -> int:
+        """Batches of the current (or next) epoch on this rank."""
+        return self._num_batches if self._stream is None else self._stream.num_batches(self._epoch)
+
     @property
     def epoch(self) -> int:
         """The epoch of the current (or next) pass."""
@@ -198,7 +222,9 @@ class EpochCursor:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: the epoch, batches consumed, and what the order depends on."""
         o = self._order
+        extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed)
         return {
+            **extra,
             "fastfeed_loader": STATE_VERSION,
             "epoch": self._epoch,
             "batches": self._consumed,
@@ -215,13 +241,18 @@ class EpochCursor:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` on the next pass (checked by :func:`check_state`)."""
-        check_state(state, self.state_dict(), self.num_batches)
+        if self._stream is not None and isinstance(state, Mapping):
+            self._stream.check_state(state)  # its own differences first: they explain the others
+        check_state(state, self.state_dict(), self._num_batches if self._stream is None else None)
+        if self._stream is not None:
+            check_state(state, self.state_dict(), self._stream.num_batches(state["epoch"]))
         self._epoch, self._consumed, self._resume = state["epoch"], state["batches"], state["batches"]
         self._epoch_set = False
 
 
-def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int) -> None:
-    """Validate a saved loader state against the loader's own (``now``).
+def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int | None) -> None:
+    """Validate a saved loader state against the loader's own (``now``); ``epoch_batches``
+    (None: not checked) bounds its batches.
 
     Raises:
         StateError: the state is malformed, or the order it was saved with differs (the
@@ -238,6 +269,10 @@ def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int) -> None:
     missing = sorted(set(now) - set(state))
     if missing:
         raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
+    saved_by = [f"{k}={state[k]!r}" for k in STREAM_KEYS if k in state and k not in now]
+    if saved_by:
+        raise StateError(f"loader state saved by a loader with {', '.join(saved_by)}; resume it with the same "
+                         "seq_len= / batch_sampler=")
     if state["fastfeed_loader"] != STATE_VERSION:
         raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
     for name in _INTS:
@@ -253,7 +288,7 @@ def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int) -> None:
         )
     if not state["rank"] < state["world_size"]:
         raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
-    if state["batches"] > epoch_batches:
+    if epoch_batches is not None and state["batches"] > epoch_batches:
         raise StateError(
             f"loader state: batches={state['batches']} but an epoch of this loader has only {epoch_batches}"
         )

@@ -48,6 +48,7 @@ from fastfeed.decode.geometry import check_crop, normalize_image_size
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.textopts import text_settings
 from fastfeed.packed.index import DatasetIndex
 
 __all__ = [
@@ -117,7 +118,9 @@ class LoaderOptions:
     knobs came from (``"explicit"``, ``"tuned"``, ``"default"``).
     """
 
-    batch_size: int
+    #: always an int once validated; None (the default) only in ``loader()``'s signature, where a
+    #: ``batch_sampler`` may give it
+    batch_size: int = None  # type: ignore[assignment]
     # the order (part of every resume state)
     shuffle: bool = True
     seed: int = 0
@@ -160,6 +163,11 @@ class LoaderOptions:
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
     layout: str = "NCHW"
+    # text (fastfeed.loading.textopts): sequence packing, padding, a balanced batch sampler
+    seq_len: int | None = None
+    pad_id: int | None = None
+    pad_multiple: int = 1
+    batch_sampler: Any = None
     knobs_from: str = "explicit"
 
     @property
@@ -189,7 +197,7 @@ class LoaderOptions:
 _NAMES = tuple(f.name for f in fields(LoaderOptions) if f.name != "knobs_from")
 # rank / world_size left out are resolved (torch.distributed, then the environment)
 _DEFAULTS = {**{f.name: f.default for f in fields(LoaderOptions) if f.name != "batch_size"},
-             "rank": None, "world_size": None}
+             "rank": None, "world_size": None, "batch_size": None}
 
 
 def loader_options(**kwargs: Any) -> LoaderOptions:
@@ -207,9 +215,10 @@ def loader_options(**kwargs: Any) -> LoaderOptions:
         2
     """
     _check_names(kwargs)
-    if "batch_size" not in kwargs:
-        raise ConfigError("loader() needs batch_size= (samples per batch on each rank)")
     args = {**_DEFAULTS, **kwargs}
+    args.update(text_settings(args))  # seq_len, pad_id, pad_multiple, batch_sampler (and batch_size from it)
+    if args.get("batch_size") is None:
+        raise ConfigError("loader() needs batch_size= (samples per batch on each rank)")
     decode = args["decode"]
     if decode not in DECODES:
         raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None (raw bytes)")
