@@ -2,12 +2,21 @@
 the graph itself is :mod:`fastfeed.loading.dali.graph`, the epochs and resume state
 :mod:`fastfeed.loading.cursor`).
 
-One pipeline lives as long as the loader. The loader feeds it the batches of
-:class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch,
-one batch ahead of what DALI runs (``Pipeline.feed_input``: a batch's images as one
-``TensorListCPU``, its ``meta`` rows ``(generation, epoch, step, id, label)``); each
-step starts DALI's next iteration before it builds the torch batch, so no Python runs
-between two DALI iterations. It matches every output to the batch it fed through the
+``num_pipelines`` pipelines (one by default) live as long as the loader: built at the
+first batch, kept across ``set_epoch``, ``load_state_dict``, abandoned passes and new
+``iter()`` calls (a pass that starts elsewhere restarts the feed: the few batches in
+flight are run out and dropped, nothing is rebuilt), released by :meth:`DaliLoader.close`
+or a pipeline failure. The loader feeds them the batches of
+:class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch, in
+turn: the j-th batch fed since the feed (re)started goes to pipeline ``j % N`` and is
+taken back from it, so the batches, their order and ``state_dict`` do not depend on N
+(the turn is a schedule, not part of the state). Each pipeline is kept one batch ahead
+of what DALI runs (``Pipeline.feed_input``: a batch's images as one ``TensorListCPU``,
+its ``meta`` rows ``(generation, epoch, step, id, label)``); each step starts the
+pipeline's next iteration before it builds the torch batch, so no Python runs between
+two DALI iterations, and with N > 1 one pipeline decodes while the other's batch is
+being handed over (the hardware JPEG decoder idles less; ``num_threads`` is shared
+between them, :func:`~fastfeed.loading.dali.graph.split_threads`). It matches every output to the batch it fed through the
 ``meta`` columns, drops outputs of a superseded feed (after
 ``set_epoch``/``load_state_dict``/an abandoned pass), and turns outputs into torch
 tensors the way DALI's own PyTorch iterator does (DLPack with DALI's dynamic executor,
@@ -51,7 +60,15 @@ from fastfeed.loading.dali.feed import (
     tensor_batch,
     where,
 )
-from fastfeed.loading.dali.graph import ENCODED, META, PROBE, build_pipeline, pipeline_seed, probe_pipeline
+from fastfeed.loading.dali.graph import (
+    ENCODED,
+    META,
+    PROBE,
+    build_pipeline,
+    pipeline_seed,
+    probe_pipeline,
+    split_threads,
+)
 from fastfeed.loading.dali.table import SampleTable, sample_table
 from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
@@ -149,9 +166,10 @@ class DaliLoader(Resumable):
         self._num_batches = self._cursor.num_batches
         self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
-        self._pipe: Any = None
-        self._dynamic = False  # the pipeline runs DALI's dynamic executor
-        self._builds = 0
+        self._pipes: list[Any] = []  # batch j of the feed comes from pipeline j % len(pipes)
+        self._turn = 0  # the pipeline whose output comes next
+        self._dynamic = False  # the pipelines run DALI's dynamic executor
+        self._builds = 0  # pipeline sets built (one per loader unless closed or failed)
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
         self._check_images()
@@ -199,10 +217,16 @@ class DaliLoader(Resumable):
             self.stats.record(t1 - t0, t1, len(batch["__key__"]), skipped, messages)
             yield batch
 
+    @property
+    def _pipe(self) -> Any:
+        """The pipeline whose output comes next (None before the first batch or after close)."""
+        return self._pipes[self._turn] if self._pipes else None
+
     def close(self) -> None:
-        """Release the pipeline (GPU memory, threads) now; the loader can be iterated again."""
-        pipe, self._pipe, self._stream = self._pipe, None, None
-        del pipe  # the pipeline stops (and stops reading what it was fed) before ...
+        """Release the pipelines (GPU memory, threads) now; the loader can be iterated again
+        (it builds them anew)."""
+        pipes, self._pipes, self._stream, self._turn = self._pipes, [], None, 0
+        del pipes  # the pipelines stop (and stop reading what they were fed) before ...
         self._feeder.pending.clear()  # ... the views of the mapped shards are let go
         _pipelines_changed()
 
@@ -216,37 +240,48 @@ class DaliLoader(Resumable):
         o = self.options
         return (f"DaliLoader({self.index.root!r}, batch_size={o.batch_size}, image_size={o.image_size}, "
                 f"device_id={o.device_id}, num_threads={o.num_threads}, hw_decoder_load={o.hw_decoder_load}, "
-                f"prefetch_queue_depth={o.prefetch_queue_depth}, rank={o.rank}/{o.world_size}, "
+                f"prefetch_queue_depth={o.prefetch_queue_depth}, num_pipelines={o.num_pipelines}, "
+                f"rank={o.rank}/{o.world_size}, "
                 f"batches={len(self)})")
 
     # ------------------------------------------------------------------ the stream
-    # The training thread feeds the pipeline: one batch per batch it takes, kept
-    # ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands DALI the next
-    # iteration (release + schedule_run, its input already fed), then feeds one more and
-    # builds the torch batch while DALI works: no Python stands between DALI finishing
-    # an iteration and starting the next (the hand-written reader pipeline's advantage).
+    # The training thread feeds the pipelines: one batch per batch it takes, each pipeline
+    # kept ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands the
+    # pipeline it took from its next iteration (release + schedule_run, its input already
+    # fed), then feeds that pipeline one more and builds the torch batch while DALI works:
+    # no Python stands between DALI finishing an iteration and starting the next (the
+    # hand-written reader pipeline's advantage). Feeding and taking both go round the
+    # pipelines in turn, so the batch fed next always goes to the pipeline just taken from.
     def _feed_from(self, epoch: int, step: int) -> None:
-        """Make the pipeline output (epoch, step) next, building it if needed."""
-        if self._pipe is not None and self._stream == (epoch, step):
+        """Make the pipelines output (epoch, step) next, building them if needed."""
+        if self._pipes and self._stream == (epoch, step):
             return
         self._feeder.restart(epoch, step)
-        if self._pipe is None:
-            self._feeder.pending.clear()
-            self._builds += 1
-            seed = pipeline_seed(self.options, epoch, step, self._builds)
-            self._pipe = build_pipeline(self._dali, self.options, seed)
-            _pipelines_changed()
-            _LOADERS.add(self)
-            self._dynamic = bool(getattr(self._pipe, "exec_dynamic", False))
-            for _ in range(self.options.prefetch_queue_depth + _AHEAD):
-                self._feed_one()
-            self._pipe.schedule_run()  # runs prefetch_queue_depth iterations
+        if not self._pipes:
+            self._build(epoch, step)
         self._stream = (epoch, step)
 
-    def _feed_one(self) -> None:
+    def _build(self, epoch: int, step: int) -> None:
+        """Build the ``num_pipelines`` pipelines and fill each one's queue, in turn."""
+        o = self.options
+        self._feeder.pending.clear()
+        self._builds += 1
+        threads = split_threads(o.num_threads, o.num_pipelines)
+        self._pipes = [build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
+                                      num_threads=n) for lane, n in enumerate(threads)]
+        self._turn = 0
+        _pipelines_changed()
+        _LOADERS.add(self)
+        self._dynamic = bool(getattr(self._pipes[0], "exec_dynamic", False))
+        for j in range(len(self._pipes) * (o.prefetch_queue_depth + _AHEAD)):
+            self._feed_one(self._pipes[j % len(self._pipes)])
+        for pipe in self._pipes:
+            pipe.schedule_run()  # runs prefetch_queue_depth iterations
+
+    def _feed_one(self, pipe: Any) -> None:
         images, meta = self._feeder()
-        self._pipe.feed_input(ENCODED, images)
-        self._pipe.feed_input(META, meta)
+        pipe.feed_input(ENCODED, images)
+        pipe.feed_input(META, meta)
 
     def _advance(self, epoch: int, step: int) -> None:
         self._stream = (epoch, step + 1) if step + 1 < self._num_batches else (epoch + 1, 0)
@@ -287,10 +322,13 @@ class DaliLoader(Resumable):
             return batch, len(skipped), [self._skip_message(i, "no image") for i in skipped]
 
     def _next_iteration(self) -> None:
-        """Give the consumed outputs back, run the next (already fed) iteration, feed one more."""
-        self._pipe.release_outputs()
-        self._pipe.schedule_run()
-        self._feed_one()
+        """Give the consumed outputs back, run the pipeline's next (already fed) iteration,
+        feed it one more; the next output comes from the next pipeline."""
+        pipe = self._pipe
+        pipe.release_outputs()
+        pipe.schedule_run()
+        self._feed_one(pipe)
+        self._turn = (self._turn + 1) % len(self._pipes)
 
     def _tensor(self, out: Any) -> torch.Tensor:
         t = out.as_tensor()
