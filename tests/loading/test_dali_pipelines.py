@@ -9,19 +9,23 @@ pipelines for ``set_epoch``, ``load_state_dict`` or a new pass (only the first b
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 import torch
 
 from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset, write_image_folder
+from tools.synth import make_jpeg
 
 import fastfeed
 from fastfeed.errors import ConfigError
 from fastfeed.loading.dali.backend import DEFAULTS, TUNE_SPACE
 from fastfeed.loading.dali.graph import split_threads
+from fastfeed.loading.dali.reuse import parked, pipeline_key, release_parked
 from fastfeed.loading.options import DALI_ONLY
 from fastfeed.packed.index import DatasetIndex
 
@@ -34,11 +38,16 @@ def dali() -> Any:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tune results of a test never reach the user's cache."""
+def _isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tune results of a test never reach the user's cache; no test adopts another's pipelines."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
     monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    gc.collect()
+    release_parked()
+    yield
+    gc.collect()
+    release_parked()
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +155,89 @@ def test_augmented_crops_are_seeded_per_pipeline(dali: Any, packed: Path) -> Non
     assert [k for k, _, _ in ba] == [k for k, _, _ in b1]
     assert torch.equal(ba[0][2], b1[0][2])  # pipeline 0 is seeded as a single pipeline is
     assert not torch.equal(ba[1][2], b1[1][2])  # batch 1 is pipeline 1's: its own generator
+
+
+# ---------------------------------------------------------------------- the next loader
+def test_a_dropped_loaders_pipelines_serve_the_next_loader(dali: Any, packed: Path, tmp_path: Path,
+                                                          reference: dict[int, list[Any]]) -> None:
+    a = _loader(packed, 2)
+    it = iter(a)
+    next(it), next(it)  # batches 2.. are in flight when a is dropped
+    ids = [id(p) for p in a._pipes]
+    b = _loader(packed, 2)  # a lives: b builds its own
+    assert _same(_batches(b), reference[0]) and (b._builds, b._adopted) == (1, 0)
+    assert set(ids).isdisjoint(id(p) for p in b._pipes)
+    del it, a
+    gc.collect()
+    assert parked() == 1
+    c = _loader(packed, 2, seed=3)
+    c.set_epoch(1)
+    assert _same(_batches(c), reference[1])  # a's batches in flight were dropped
+    assert (c._builds, c._adopted) == (0, 1) and [id(p) for p in c._pipes] == ids and parked() == 0
+    del c
+    gc.collect()
+    # the dataset is not part of the pipelines: a loader of another one adopts them too
+    rng = np.random.default_rng(0)
+    other = tar_dataset(tmp_path / "other", [(f"o{i}", {"jpg": make_jpeg(rng, (20, 30)), "cls": b"1"})
+                                             for i in range(9)], 4)
+    d = _loader(other, 2, shuffle=False)
+    assert [k for k, _, _ in _batches(d)] == [["o0", "o1", "o2", "o3"], ["o4", "o5", "o6", "o7"], ["o8"]]
+    assert (d._builds, d._adopted) == (0, 1) and [id(p) for p in d._pipes] == ids
+
+
+def test_only_the_same_shape_adopts_close_parks_nothing_and_one_set_is_kept(dali: Any, packed: Path) -> None:
+    a = _loader(packed, 2)
+    next(iter(a))
+    first = [weakref.ref(p) for p in a._pipes]
+    del a
+    gc.collect()
+    for kw in ({"num_pipelines": 1}, {"image_size": 24}, {"num_threads": 2}, {"batch_size": 3}):
+        n = kw.pop("num_pipelines", 2)
+        other = _loader(packed, n, **kw)
+        next(iter(other))
+        assert (other._builds, other._adopted) == (1, 0), kw
+        other.close()
+    assert parked() == 1 and pipeline_key(_loader(packed, 2).options) == pipeline_key(_loader(packed, 2, seed=9).options)
+    d = _loader(packed, 2)
+    next(iter(d))
+    assert d._adopted == 1 and [id(p) for p in d._pipes] == [id(r()) for r in first]
+    d.close()  # released, not parked
+    del d
+    gc.collect()
+    assert parked() == 0 and all(r() is None for r in first)
+    e, f = _loader(packed, 2), _loader(packed, 3)
+    next(iter(e)), next(iter(f))
+    old = [weakref.ref(p) for p in e._pipes]
+    del e
+    gc.collect()
+    del f  # parked after e's: e's pipelines are released (one set is kept)
+    gc.collect()
+    assert parked() == 1 and all(r() is None for r in old)
+    release_parked()
+    assert parked() == 0
+    g = _loader(packed, 2, augment=True)  # draws random numbers: never handed on
+    next(iter(g))
+    del g
+    gc.collect()
+    assert parked() == 0
+
+
+def test_a_forked_child_forgets_the_parked_pipelines(dali: Any, packed: Path) -> None:
+    import os
+    import warnings
+
+    a = _loader(packed, 2)
+    next(iter(a))
+    del a
+    gc.collect()
+    assert parked() == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a process with threads
+        pid = os.fork()
+    if pid == 0:  # the child: nothing to adopt, and nothing destroyed on the way out
+        os._exit(0 if parked() == 0 else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and parked() == 1
 
 
 # ---------------------------------------------------------------------- bad samples

@@ -41,6 +41,7 @@ import os
 import re
 import time
 import weakref
+from collections import deque
 from typing import Any, Iterator
 
 import numpy as np
@@ -69,6 +70,7 @@ from fastfeed.loading.dali.graph import (
     probe_pipeline,
     split_threads,
 )
+from fastfeed.loading.dali.reuse import PipelineSet, adopt, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, sample_table
 from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
@@ -166,10 +168,13 @@ class DaliLoader(Resumable):
         self._num_batches = self._cursor.num_batches
         self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
-        self._pipes: list[Any] = []  # batch j of the feed comes from pipeline j % len(pipes)
-        self._turn = 0  # the pipeline whose output comes next
-        self._dynamic = False  # the pipelines run DALI's dynamic executor
+        # the pipelines (batch j of the feed comes from pipeline j % N) and what they run;
+        # left to the next loader of the same shape if this one is dropped unclosed
+        self._set = PipelineSet(pending=self._feeder.pending)
+        self._key = pipeline_key(options, dali.Pipeline)
+        weakref.finalize(self, park, self._key, self._set, os.getpid()).atexit = False
         self._builds = 0  # pipeline sets built (one per loader unless closed or failed)
+        self._adopted = 0  # pipeline sets taken over from a dropped loader
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
         self._check_images()
@@ -218,17 +223,27 @@ class DaliLoader(Resumable):
             yield batch
 
     @property
+    def _pipes(self) -> list[Any]:
+        """The built pipelines, fed in turn (empty before the first batch or after close)."""
+        return self._set.pipes
+
+    @property
     def _pipe(self) -> Any:
         """The pipeline whose output comes next (None before the first batch or after close)."""
-        return self._pipes[self._turn] if self._pipes else None
+        return self._set.pipes[self._set.turn] if self._set.pipes else None
+
+    @property
+    def _dynamic(self) -> bool:
+        """The pipelines run DALI's dynamic executor (outputs stay valid after release)."""
+        return self._set.dynamic
 
     def close(self) -> None:
         """Release the pipelines (GPU memory, threads) now; the loader can be iterated again
-        (it builds them anew)."""
-        pipes, self._pipes, self._stream, self._turn = self._pipes, [], None, 0
-        del pipes  # the pipelines stop (and stop reading what they were fed) before ...
-        self._feeder.pending.clear()  # ... the views of the mapped shards are let go
-        _pipelines_changed()
+        (it builds them anew). A loader dropped without ``close()`` leaves its pipelines to
+        the next loader of the same shape in this process (:mod:`fastfeed.loading.dali.reuse`)."""
+        self._stream = None
+        self._set.release()  # the pipelines stop (and stop reading what they were fed) before
+        _pipelines_changed()  # the views of the mapped shards are let go
 
     def __enter__(self) -> "DaliLoader":
         return self
@@ -256,30 +271,55 @@ class DaliLoader(Resumable):
         """Make the pipelines output (epoch, step) next, building them if needed."""
         if self._pipes and self._stream == (epoch, step):
             return
+        if not self._pipes:
+            parked = adopt(self._key)
+            if parked is not None:
+                self._take(parked)
         self._feeder.restart(epoch, step)
         if not self._pipes:
             self._build(epoch, step)
         self._stream = (epoch, step)
 
     def _build(self, epoch: int, step: int) -> None:
-        """Build the ``num_pipelines`` pipelines and fill each one's queue, in turn."""
+        """Build the ``num_pipelines`` pipelines, each started on its share of the first
+        batches (j % N) before the next one is built."""
         o = self.options
         self._feeder.pending.clear()
         self._builds += 1
-        threads = split_threads(o.num_threads, o.num_pipelines)
-        self._pipes = [build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
-                                      num_threads=n) for lane, n in enumerate(threads)]
-        self._turn = 0
+        n = o.num_pipelines
+        first = [self._feeder() for _ in range(n * (o.prefetch_queue_depth + _AHEAD))]
+        pipes = []
+        for lane, threads in enumerate(split_threads(o.num_threads, n)):
+            pipe = build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
+                                  num_threads=threads)
+            for images, meta in first[lane::n]:
+                self._put(pipe, images, meta)
+            pipe.schedule_run()  # runs prefetch_queue_depth iterations while the next is built
+            pipes.append(pipe)
+        self._set.pipes, self._set.turn = pipes, 0
+        self._set.dynamic = bool(getattr(pipes[0], "exec_dynamic", False))
         _pipelines_changed()
         _LOADERS.add(self)
-        self._dynamic = bool(getattr(self._pipes[0], "exec_dynamic", False))
-        for j in range(len(self._pipes) * (o.prefetch_queue_depth + _AHEAD)):
-            self._feed_one(self._pipes[j % len(self._pipes)])
-        for pipe in self._pipes:
-            pipe.schedule_run()  # runs prefetch_queue_depth iterations
+
+    def _take(self, parked: PipelineSet) -> None:
+        """Run the pipelines of a dropped loader (:mod:`~fastfeed.loading.dali.reuse`): its
+        batches in flight stay pending under their old generations, so the restart that
+        follows supersedes them (they are run out and dropped) without a build."""
+        stale = list(parked.pending)
+        self._feeder.pending.clear()
+        self._feeder.pending.extend(stale)
+        self._feeder.generation = max([self._feeder.generation, *(f.generation for f in stale)])
+        self._set.pipes, self._set.turn, self._set.dynamic = parked.pipes, parked.turn, parked.dynamic
+        parked.pipes, parked.pending = [], deque()
+        self._adopted += 1
+        _LOADERS.add(self)
 
     def _feed_one(self, pipe: Any) -> None:
         images, meta = self._feeder()
+        self._put(pipe, images, meta)
+
+    @staticmethod
+    def _put(pipe: Any, images: Any, meta: np.ndarray) -> None:
         pipe.feed_input(ENCODED, images)
         pipe.feed_input(META, meta)
 
@@ -328,7 +368,7 @@ class DaliLoader(Resumable):
         pipe.release_outputs()
         pipe.schedule_run()
         self._feed_one(pipe)
-        self._turn = (self._turn + 1) % len(self._pipes)
+        self._set.turn = (self._set.turn + 1) % len(self._set.pipes)
 
     def _tensor(self, out: Any) -> torch.Tensor:
         t = out.as_tensor()
