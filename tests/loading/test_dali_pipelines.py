@@ -146,6 +146,34 @@ def test_close_releases_the_pipelines_and_the_next_pass_builds_them(dali: Any, p
     assert _same(_batches(dl), reference[1]) and dl._builds == 2
 
 
+def test_a_failed_build_stops_the_started_pipelines_and_the_next_pass_builds_again(
+        dali: Any, packed: Path, reference: dict[int, list[Any]]) -> None:
+    from types import SimpleNamespace
+
+    from fastfeed.loading.dali.backend import import_dali
+    from fastfeed.loading.dali.pipeline import DaliLoader
+
+    d = import_dali()
+    made: list[Any] = []
+
+    def pipeline(**kw: Any) -> Any:
+        if len(made) == 1:  # the second pipeline of the first set cannot be built
+            made.append(None)
+            raise RuntimeError("no memory for a second pipeline")
+        made.append(weakref.ref(p := d.Pipeline(**kw)))
+        return p
+
+    ref = _loader(packed, 2)
+    dl = DaliLoader(ref.index, ref.options, dali=SimpleNamespace(**{**vars(d), "Pipeline": pipeline}))
+    with pytest.raises(RuntimeError, match="second pipeline") as failed:
+        next(iter(dl))
+    gc.collect()  # the traceback (kept in ``failed``) holds the frames, not the started pipeline
+    assert failed.tb is not None
+    assert dl._pipes == [] and not dl._feeder.pending and made[0]() is None
+    dl.set_epoch(0)
+    assert _same(_batches(dl), reference[0]) and dl._builds == 2 and len(dl._pipes) == 2
+
+
 def test_augmented_crops_are_seeded_per_pipeline(dali: Any, packed: Path) -> None:
     """Random crops come from each pipeline's generator: the same for the same N, and the
     keys the same for every N."""

@@ -16,8 +16,10 @@ its ``meta`` rows ``(generation, epoch, step, id, label)``); each step starts th
 pipeline's next iteration before it builds the torch batch, so no Python runs between
 two DALI iterations, and with N > 1 one pipeline decodes while the other's batch is
 being handed over (the hardware JPEG decoder idles less; ``num_threads`` is shared
-between them, :func:`~fastfeed.loading.dali.graph.split_threads`). It matches every output to the batch it fed through the
-``meta`` columns, drops outputs of a superseded feed (after
+between them, :func:`~fastfeed.loading.dali.graph.split_threads`). A loader dropped
+without ``close()`` leaves pipelines that draw no random numbers to the next loader of
+the same shape (:mod:`fastfeed.loading.dali.reuse`). It matches every output to the
+batch it fed through the ``meta`` columns, drops outputs of a superseded feed (after
 ``set_epoch``/``load_state_dict``/an abandoned pass), and turns outputs into torch
 tensors the way DALI's own PyTorch iterator does (DLPack with DALI's dynamic executor,
 else a copy on the current CUDA stream).
@@ -288,14 +290,20 @@ class DaliLoader(Resumable):
         self._builds += 1
         n = o.num_pipelines
         first = [self._feeder() for _ in range(n * (o.prefetch_queue_depth + _AHEAD))]
-        pipes = []
-        for lane, threads in enumerate(split_threads(o.num_threads, n)):
-            pipe = build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
-                                  num_threads=threads)
-            for images, meta in first[lane::n]:
-                self._put(pipe, images, meta)
-            pipe.schedule_run()  # runs prefetch_queue_depth iterations while the next is built
-            pipes.append(pipe)
+        pipes: list[Any] = []
+        pipe = None
+        try:
+            for lane, threads in enumerate(split_threads(o.num_threads, n)):
+                pipe = build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
+                                      num_threads=threads)
+                for images, meta in first[lane::n]:
+                    self._put(pipe, images, meta)
+                pipe.schedule_run()  # runs prefetch_queue_depth iterations while the next is built
+                pipes.append(pipe)
+        except BaseException:
+            pipes.clear()  # the ones started stop now (the traceback keeps this frame), before
+            pipe = None  # close() lets their fed views go
+            raise
         self._set.pipes, self._set.turn = pipes, 0
         self._set.dynamic = bool(getattr(pipes[0], "exec_dynamic", False))
         _pipelines_changed()

@@ -81,7 +81,8 @@ class PipelineSet:
 
     def release(self) -> None:
         """Drop the pipelines (they stop before the fed views are let go)."""
-        self.pipes, self.turn = [], 0
+        self.pipes.clear()  # in place: whoever shares the list sees them gone
+        self.turn = 0
         self.pending.clear()
 
 
