@@ -319,8 +319,26 @@ def test_auto_takes_num_pipelines_from_the_tune_result(dali: Any, packed: Path) 
     assert fastfeed.loader(str(packed), **args).options.num_pipelines == 1
 
 
-def test_tune_space_searches_one_and_two_pipelines() -> None:
+def test_tune_space_searches_one_and_two_pipelines(dali: Any, packed: Path) -> None:
+    from dataclasses import replace
+
+    from fastfeed.timing.measure import measure
+    from fastfeed.tuning.search import search
+
     knob = next(k for k in TUNE_SPACE.knobs if k.name == "num_pipelines")
     assert knob.candidates(16) == (1, 2) and knob.default == 1 and not knob.uses_cores
     assert "num_pipelines" in DALI_ONLY
     assert TUNE_SPACE.knobs[-1] is knob  # searched last, at the threads found (shared between them)
+
+    built: list[int] = []
+
+    def measure_fn(setting: Any) -> Any:  # the real loader at each setting, as `fastfeed tune` runs it
+        knobs = dict(setting.knobs)
+        dl = _loader(packed, knobs.pop("num_pipelines"), **knobs)
+        m = measure(lambda: iter(dl), min_batches=2, min_time=0.0, max_time=0.5, settle=0.0)
+        built.append(len(dl._pipes))
+        return m
+
+    out = search(measure_fn, cores=2, space=replace(TUNE_SPACE, knobs=(knob,)), time_budget=8.0)
+    tried = {dict(t.setting.knobs)["num_pipelines"] for t in out.trials if t.ok}
+    assert tried == {1, 2} == set(built) and dict(out.best.setting.knobs)["num_pipelines"] in (1, 2)
