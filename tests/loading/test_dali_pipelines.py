@@ -250,6 +250,20 @@ def test_only_the_same_shape_adopts_close_parks_nothing_and_one_set_is_kept(dali
     assert parked() == 0
 
 
+def test_the_reuse_key_covers_every_option_the_graph_reads() -> None:
+    import dataclasses
+    import inspect
+    import re
+
+    from fastfeed.loading.dali import graph, reuse
+    from fastfeed.loading.options import LoaderOptions
+
+    read = set(re.findall(r"\bo\.([a-z_]+)", inspect.getsource(graph)))
+    # seed, rank: only the augmentation's generators (never reused); gpu: device_id
+    assert read - {"seed", "rank", "gpu"} <= set(reuse._KEY_FIELDS)
+    assert set(reuse._KEY_FIELDS) <= {f.name for f in dataclasses.fields(LoaderOptions)}
+
+
 def test_a_forked_child_forgets_the_parked_pipelines(dali: Any, packed: Path) -> None:
     import os
     import warnings

@@ -3,8 +3,7 @@
 Building fastfeed's GPU pipeline is most of the ~2 s before a ``decode="dali"`` loader's
 first batch. A loader keeps its pipelines across ``set_epoch``, ``load_state_dict`` and
 new passes (:mod:`fastfeed.loading.dali.pipeline`); this module covers the next loader
-in the same process (a resume that builds a new loader, a new loader per ``fit`` call):
-when a loader is garbage-collected without :meth:`~DaliLoader.close`, its
+in the same process (an evaluation loader made anew per epoch or per ``fit`` call): when a loader is garbage-collected without :meth:`~DaliLoader.close`, its
 :class:`PipelineSet` is *parked* here, and the next loader whose pipelines would be built
 from the same options (:func:`pipeline_key`: batch shape, crops, output, device, DALI
 knobs; the dataset does not matter, the pipelines are fed from outside) *adopts* it
