@@ -19,7 +19,7 @@ How it works:
   and it cannot start mid-epoch.
 - **Epochs**: the rules of :mod:`fastfeed.loading.cursor`, the one epoch cursor that the
   CPU loader drives too: without ``set_epoch`` every new pass runs the next epoch,
-  whether the previous pass finished or was abandoned. One pipeline streams epoch after
+  whether the previous pass finished or was abandoned. The pipelines stream epoch after
   epoch (the next epoch's first batches are decoded while the current one ends, so there
   is no refill bubble); a pass that starts anywhere else (``set_epoch`` to another epoch,
   a new ``iter()`` after a ``break``, ``load_state_dict``) restarts the feed and discards
