@@ -27,7 +27,18 @@ fastfeed and the hand-written pipeline always run at the same setting (DALI's
    other depths at the best of those, then the larger batch sizes at the best so far.
    The best setting is the one with the highest mean of the two rates, so the choice
    favours neither; it is stored as this dataset's tune result (what ``"auto"`` uses);
-3. at that best setting, A-B-B-A again with full-length measurements.
+3. at that best setting, A-B-B-A again with full-length measurements;
+4. at that setting again: fastfeed ``num_pipelines=1`` and ``2`` (the threads shared
+   between the two), the hand-written pipeline, and two hand-written pipelines of half
+   the threads read alternately, measured in rotation and then in the reverse order;
+   each is given as a ratio against the best single hand-written pipeline (the faster
+   of its two measurements at the best setting), and ``num_pipelines=2`` is stored with
+   the tune result when it beats 1 by more than :data:`PIPES_MARGIN`;
+5. on the resized shards (``--latency-on``), the time to the first batch for
+   ``num_pipelines`` 1 and 2: cold (a fresh process), ``set_epoch`` / ``load_state_dict``
+   on the same loader, a new loader resuming after ``close()``, an evaluation loader
+   adopting a dropped one's pipelines (:mod:`benchmarks.dali_latency`; goal <= 1.0 s for
+   the resume in a warm process).
 
 Steady-state img/s come from the one measuring core (:func:`fastfeed.timing.measure.measure`),
 with every batch synchronised on the GPU, over epochs streamed back to back; each line
@@ -36,11 +47,12 @@ cost the thread that runs the training step).
 
 Goals: fastfeed at the best setting >= 35,000 img/s on the resized shards with <= 16 CPU
 cores, and >= 1.0x the hand-written pipeline at every setting (the A-B-B-A ratios at the
-defaults and at the best setting; the search's single short pairs are listed too).
+defaults and at the best setting; the search's single short pairs are listed too); the
+first batch of a resumed loader in <= 1.0 s.
 
 Run on the GPU machine (from the repo root; ``benchmarks/gpu_setup.sh`` installs DALI
-from the wheel parts and finds the sample photos); about 4-5 minutes (each progress line
-shows the seconds since the start; `--datasets resized` alone takes about 2.5)::
+from the wheel parts and finds the sample photos); about 6-7 minutes (each progress line
+shows the seconds since the start; `--datasets resized` alone takes about 4)::
 
     source benchmarks/gpu_setup.sh && taskset -c 0-15 python3 benchmarks/dali_gpu.py
 
@@ -159,6 +171,7 @@ def _sync(cfg: Config) -> Callable[[Any], None]:
 def fastfeed_dali(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
     import fastfeed
 
+    knobs = {"num_pipelines": 1, **knobs}  # explicit: a stored tune result must not decide it
     dl = fastfeed.loader(str(ds), batch_size=cfg.batch_size, image_size=cfg.image_size, decode="dali",
                          device_id=cfg.device_id, **knobs)
     # Build the pipeline here, as the hand-written one is built (pipe.build() and the
@@ -223,6 +236,22 @@ def handwritten_dali(ds: Path, knobs: dict[str, Any], cfg: Config, *, decoder_ex
                 yield batch[0]
 
     return it, forever
+
+
+def handwritten_two(ds: Path, knobs: dict[str, Any], cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
+    """Two hand-written pipelines of half the threads each, on half the shards each, read
+    alternately (``benchmarks/dali_variants.py``'s ``two-pipes``)."""
+    half = {**knobs, "num_threads": max(1, knobs["num_threads"] // 2)}
+    a = handwritten_dali(ds, half, cfg, seed=1, shard=(0, 2))
+    b = handwritten_dali(ds, half, cfg, seed=2, shard=(1, 2))
+
+    def forever() -> Iterator[Any]:
+        its = [a[1](), b[1]()]
+        while True:
+            for it in its:
+                yield next(it)
+
+    return (a[0], b[0]), forever
 
 
 def fastfeed_cpu(ds: Path, cfg: Config) -> tuple[Any, Callable[[], Iterator[Any]]]:
@@ -347,6 +376,39 @@ def ab_pair(ds: Path, setting: Setting, cfg: Config, label: str) -> tuple[Result
             _result(f"hand-written dali @{label}", _label(setting), hw, knobs=setting))
 
 
+#: fastfeed with num_pipelines=2 is stored as the tune result when it beats 1 by this much
+PIPES_MARGIN = 0.03
+
+
+def pipelines_compare(ds: Path, setting: Setting, cfg: Config) -> list[Result]:
+    """fastfeed ``num_pipelines`` 1 and 2, the hand-written pipeline and two hand-written
+    pipelines read alternately, at one setting (the threads shared between two pipelines),
+    measured in rotation, then in the reverse order (drift favours none)."""
+    knobs, at = _knobs(setting), _at(cfg, setting)
+    makers = {
+        "fastfeed dali num_pipelines=1": lambda: fastfeed_dali(ds, {**knobs, "num_pipelines": 1}, at),
+        "fastfeed dali num_pipelines=2": lambda: fastfeed_dali(ds, {**knobs, "num_pipelines": 2}, at),
+        "hand-written dali": lambda: handwritten_dali(ds, knobs, at),
+        "hand-written dali x2 (half threads each)": lambda: handwritten_two(ds, knobs, at),
+    }
+    runs: dict[str, list[Measurement]] = {k: [] for k in makers}
+    for order in (list(makers), list(makers)[::-1]):
+        for name in order:
+            runs[name].append(_measure(makers[name], at))
+    return [_result(f"{name} @best", _label(setting), runs[name], knobs=setting) for name in makers]
+
+
+def pipes_summary(pipes: list[Result], hw_best: Result) -> dict[str, Any]:
+    """Ratios against the best single hand-written pipeline, and the num_pipelines to store."""
+    by = {r.name.removesuffix(" @best"): mean_rate(r) for r in pipes}
+    single = max(by["hand-written dali"], mean_rate(hw_best))
+    one, two = by["fastfeed dali num_pipelines=1"], by["fastfeed dali num_pipelines=2"]
+    return {"best_single_handwritten": single,
+            "ratios": {name: rate / max(single, 1e-9) for name, rate in by.items()},
+            "two_vs_one": two / max(one, 1e-9),
+            "num_pipelines": 2 if two > one * (1 + PIPES_MARGIN) else 1}
+
+
 def mean_rate(r: Result) -> float:
     return sum(m.samples_per_s for m in r.runs) / len(r.runs) if r.runs else 0.0
 
@@ -462,7 +524,8 @@ def feed_cost(ds: Path, cfg: Config, batches: int = 200) -> float:
     return (time.thread_time() - t0) / n * 1e6
 
 
-def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str]) -> dict[str, Any]:
+def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str],
+                latency_on: frozenset[str] = frozenset({"resized"})) -> dict[str, Any]:
     results: list[Result] = []
     defaults: Setting = {**DALI_DEFAULTS, "batch_size": cfg.batch_size}
     if cfg.gpu:
@@ -482,7 +545,21 @@ def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str]) -> dict[str, A
     log(f"{name}: best setting {_label(best.setting)} ({how})")
     ff_best, hw_best = ab_pair(ds, best.setting, cfg, "best")
     results += [ff_best, hw_best]
-    store_tune_result(ds, best.setting, mean_rate(ff_best), cfg, how)
+    pipes: list[Result] = []
+    summary: dict[str, Any] = {}
+    stored = best.setting
+    if "pipes" not in skip:
+        pipes = pipelines_compare(ds, best.setting, cfg)
+        summary = pipes_summary(pipes, hw_best)
+        stored = {**best.setting, "num_pipelines": summary["num_pipelines"]}
+        how += f"; num_pipelines {summary['num_pipelines']} ({summary['two_vs_one']:.3f}x for 2 over 1)"
+    store_tune_result(ds, stored, mean_rate(ff_best), cfg, how)
+    latency: dict[str, Any] = {}
+    if name in latency_on:
+        from benchmarks.dali_latency import latency as first_batch_latency
+
+        log(f"{name}: time to the first batch at {_label(best.setting)}")
+        latency = first_batch_latency(ds, best.setting, image_size=cfg.image_size, device_id=cfg.device_id)
     for label, make, what in (
         ("fastfeed cpu", lambda: fastfeed_cpu(ds, cfg),
          f"decode='cpu', {cfg.cpu_workers} workers, batch {cfg.cpu_batch_size}"
@@ -504,7 +581,8 @@ def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str]) -> dict[str, A
     search_ratios = sorted(t.ff / max(t.hw, 1e-9) for t in trials)
     for r in results[4:]:
         ratios[f"best vs {r.name}"] = mean_rate(ff_best) / max(r.rate, 1e-9)
-    return {"dataset": name, "path": str(ds), "best": best.setting, "how": how, "ratios": ratios,
+    return {"dataset": name, "path": str(ds), "best": stored, "how": how, "ratios": ratios,
+            "pipes": pipes, "pipes_summary": summary, "latency": latency,
             "search": [t.to_json() for t in trials], "search_ratio_min": search_ratios[0],
             "search_ratio_median": search_ratios[len(search_ratios) // 2],
             "results": results, "best_rate": mean_rate(ff_best), "feed_us_per_sample": feed_cost(ds, cfg)}
@@ -550,12 +628,19 @@ def report(runs: list[dict[str, Any]], cfg: Config, env: dict[str, Any], json_pa
         if run["dataset"] == "resized" and cfg.gpu:
             ok = "met" if run["best_rate"] >= GOAL_RATE else "MISSED"
             print(f"  fastfeed (best setting): {run['best_rate']:,.0f} img/s [goal >= {GOAL_RATE:,}: {ok}]")
+        if run["pipes"]:
+            _report_pipes(run["pipes"], run["pipes_summary"])
+        if run["latency"]:
+            from benchmarks.dali_latency import report as latency_report
+
+            latency_report(run["latency"])
         us = run["feed_us_per_sample"]
         print(f"  fastfeed's feeder alone: {us:.2f} us/sample on the training thread "
               f"({us * run['best_rate'] / 1e6:.1%} of one core at the best rate)")
         print(f"  best setting: {_label(run['best'])}")
-        out["datasets"].append({**{k: v for k, v in run.items() if k != "results"},
-                                "results": [r.to_json() for r in run["results"]]})
+        out["datasets"].append({**{k: v for k, v in run.items() if k not in ("results", "pipes")},
+                                "results": [r.to_json() for r in run["results"]],
+                                "pipes": [r.to_json() for r in run["pipes"]]})
     text = json.dumps(out, sort_keys=True, default=str)
     if json_path is not None:  # the long line would push the table out of a short log tail
         json_path.write_text(text + "\n")
@@ -564,6 +649,17 @@ def report(runs: list[dict[str, Any]], cfg: Config, env: dict[str, Any], json_pa
         print("RESULT " + text)
     print(f"wall time {time.perf_counter() - _T0:.0f} s")
     return out
+
+
+def _report_pipes(pipes: list[Result], summary: dict[str, Any]) -> None:
+    print(f"  one or two pipelines at the best setting (rotation, then reversed); vs the best single "
+          f"hand-written pipeline ({summary['best_single_handwritten']:,.0f} img/s):")
+    for r in pipes:
+        name = r.name.removesuffix(" @best")
+        spread = ", ".join(f"{m.samples_per_s:,.0f}" for m in r.runs)
+        print(f"    {name:<42} {mean_rate(r):>10,.0f} img/s  {summary['ratios'][name]:.3f}x   [{spread}]")
+    print(f"  fastfeed num_pipelines=2 / 1: {summary['two_vs_one']:.3f}x; stored as the tune result: "
+          f"num_pipelines={summary['num_pipelines']} (2 when it wins by > {PIPES_MARGIN:.0%})")
 
 
 # ---------------------------------------------------------------------- the training thread
@@ -730,7 +826,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fastfeed-tune", type=float, default=None, metavar="SECONDS",
                     help="also run `fastfeed tune --decode dali` this long per dataset; its choice joins the search")
     ap.add_argument("--datasets", default="resized,originals", help="which packed copies to run")
-    ap.add_argument("--skip", default="", help="comma list of peers to skip: fastfeed (cpu), torchvision")
+    ap.add_argument("--skip", default="",
+                    help="comma list of parts to skip: fastfeed (cpu), torchvision, pipes (num_pipelines 1 vs 2)")
+    ap.add_argument("--latency-on", default="resized",
+                    help="datasets on which to time the first batch (benchmarks/dali_latency.py); '' for none")
     ap.add_argument("--json", type=Path, default=None, help="also write the RESULT dict here")
     args = ap.parse_args(argv)
     cfg = SMOKE if args.cpu_smoke or args.main_thread else Config()
@@ -778,7 +877,8 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare(cfg)
     runs = []
     for name in [n for n in args.datasets.split(",") if n]:
-        runs.append(run_dataset(name, data[name], cfg, set(filter(None, args.skip.split(",")))))
+        runs.append(run_dataset(name, data[name], cfg, set(filter(None, args.skip.split(","))),
+                                frozenset(filter(None, args.latency_on.split(",")))))
     report(runs, cfg, env, args.json)
     return 0
 

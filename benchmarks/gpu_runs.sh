@@ -2,8 +2,11 @@
 # GPU benchmark stages for the lent nvidia-h200-x2 machine (2 GPUs, 32 cores), run from the repo
 # root after the DALI wheel parts were sent (benchmarks/gpu_setup.sh explains the transfers):
 #
-#   bash benchmarks/gpu_runs.sh dali      # issue 6: benchmarks/dali_gpu.py on GPU 0, 16 cores (~4-5 min;
-#                                         #   DALI_ARGS="--datasets resized" ~2.5 min)
+#   bash benchmarks/gpu_runs.sh dali      # issues 6/20: benchmarks/dali_gpu.py on GPU 0, 16 cores: the paired
+#                                         #   search, then fastfeed num_pipelines 1 and 2 next to one and two
+#                                         #   hand-written pipelines (ratios vs the best single hand-written one),
+#                                         #   and the time to the first batch (cold, resume, adopted) on the resized
+#                                         #   shards (~6-7 min; DALI_ARGS="--datasets resized" ~4 min)
 #   bash benchmarks/gpu_runs.sh scaling   # issue 8: image workload on 1 and 2 GPUs
 #   bash benchmarks/gpu_runs.sh tokens    # issues 4/10/8: ddp_tokens on 2 GPUs, token scaling 1 -> 2 (~4.5 min)
 #   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores (~7 min)
@@ -19,7 +22,10 @@ CORES16=${CORES16:-0-15}  # the cores of the 16-core stages (dali, dalivar, tune
 stage=${1:?stage: dali|dalivar|scaling|tokens|tune|s3|loadercpu|roi}
 case "$stage" in
 dali)
-  taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log" ;;
+  taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log"
+  # the summary lines again at the end (the device tool returns the log's tail)
+  awk '/^-- /{print} /\(A-B-B-A\)/{print} /one or two pipelines/,/best setting:/{print}' "$OUT/dali_gpu.log" \
+      | tee "$OUT/dali_summary.txt" ;;
 dalivar)
   taskset -c $CORES16 python3 benchmarks/dali_variants.py --json "$OUT/dali_variants.json" ${DALIVAR_ARGS:-} 2>&1 \
       | tee "$OUT/dali_variants.log" ;;

@@ -248,8 +248,8 @@ def loader(
             that decides every batch (:mod:`fastfeed.loading.sampled`); the batch size and
             the order come from it.
         **dali_options: the options of ``decode="dali"`` only (``num_threads``,
-            ``hw_decoder_load``, ``prefetch_queue_depth``, ``device_id``, ``output``, ``mean``,
-            ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
+            ``hw_decoder_load``, ``prefetch_queue_depth``, ``num_pipelines``, ``device_id``,
+            ``output``, ``mean``, ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
             ``decode="dali"``, the DataLoader options above that it cannot honour
             (``num_workers=8``, ``transform``, ...) are an error that says why, and
             ``pin_memory``, ``persistent_workers``, ``reuse_buffers`` have no effect

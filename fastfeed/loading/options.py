@@ -16,7 +16,7 @@ and nothing downstream checks an argument again. What applies where:
   threads; set num_threads="), and takes :data:`DALI_MEETS` with any value, since its
   pipeline already does what they ask for (they have no effect there).
 - **DALI only** (:data:`DALI_ONLY`: ``num_threads``, ``hw_decoder_load``,
-  ``prefetch_queue_depth``, ``device_id``, ``output``, ``mean``, ``std``, ``layout``):
+  ``prefetch_queue_depth``, ``num_pipelines``, ``device_id``, ``output``, ``mean``, ``std``, ``layout``):
   an error with another ``decode``.
 - **Anything else** is an error that names the closest option (``imagesize=`` ->
   "did you mean image_size?").
@@ -99,13 +99,14 @@ DALI_ONLY: dict[str, str] = {
     "num_threads": "DALI's CPU threads",
     "hw_decoder_load": "the share of JPEGs for the GPU's hardware decoder",
     "prefetch_queue_depth": "batches DALI prepares ahead",
+    "num_pipelines": "DALI pipelines fed in turn (they share num_threads)",
     "device_id": "the CUDA device DALI decodes on",
     "output": "the image dtype of DALI batches",
     "mean": "the normalisation of DALI's float outputs",
     "std": "the normalisation of DALI's float outputs",
     "layout": "NCHW or NHWC DALI batches",
 }
-_KNOBS = ("num_threads", "hw_decoder_load", "prefetch_queue_depth")
+_KNOBS = ("num_threads", "hw_decoder_load", "prefetch_queue_depth", "num_pipelines")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class LoaderOptions:
     num_threads: int | str = "auto"
     hw_decoder_load: float | str = "auto"
     prefetch_queue_depth: int | str = "auto"
+    num_pipelines: int | str = "auto"
     device_id: int | str | None = "auto"
     output: str = "uint8"
     mean: tuple[float, float, float] | None = None
@@ -248,7 +250,8 @@ def loader_options(**kwargs: Any) -> LoaderOptions:
 
 
 def check_dali_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate DALI knob values (``num_threads``, ``hw_decoder_load``, ``prefetch_queue_depth``);
+    """Validate DALI knob values (``num_threads``, ``hw_decoder_load``, ``prefetch_queue_depth``,
+    ``num_pipelines``: integers >= 1, the load in [0, 1]);
     ``"auto"`` (or None) stays ``"auto"``. Used for arguments and for stored tune results.
 
     Raises:

@@ -13,7 +13,8 @@ from fastfeed.packed.index import DatasetIndex, ShardInfo
 from tools.synth import make_jpeg
 
 #: decode="dali" in its CPU-only mode, small and explicit (no tune lookup, no GPU).
-DALI_CPU = dict(decode="dali", device_id=None, num_threads=1, hw_decoder_load=0.65, prefetch_queue_depth=2)
+DALI_CPU = dict(decode="dali", device_id=None, num_threads=1, hw_decoder_load=0.65, prefetch_queue_depth=2,
+                num_pipelines=1)
 
 
 def require_dali() -> Any:

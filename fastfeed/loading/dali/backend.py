@@ -19,19 +19,22 @@ How it works:
   and it cannot start mid-epoch.
 - **Epochs**: the rules of :mod:`fastfeed.loading.cursor`, the one epoch cursor that the
   CPU loader drives too: without ``set_epoch`` every new pass runs the next epoch,
-  whether the previous pass finished or was abandoned. One pipeline streams epoch after
+  whether the previous pass finished or was abandoned. The pipelines stream epoch after
   epoch (the next epoch's first batches are decoded while the current one ends, so there
   is no refill bubble); a pass that starts anywhere else (``set_epoch`` to another epoch,
-  a new ``iter()`` after a ``break``) restarts the feed and discards the few batches
-  already in flight.
+  a new ``iter()`` after a ``break``, ``load_state_dict``) restarts the feed and discards
+  the few batches already in flight, without rebuilding the pipeline (only the loader's
+  first batch, or the first after ``close()`` or a failed pipeline, pays for a build).
 - **Resume**: ``state_dict()`` is a few integers (epoch, batches consumed, the world
   shape, the seed, the dataset fingerprint); ``load_state_dict()`` in a fresh process
   continues with exactly the remaining batches of the epoch, in the same order, at any
   batch (and is interchangeable with ``decode="cpu"``'s: the same cursor writes both). The random crops and flips are
   DALI's (``fn.decoders.image_random_crop``, ``fn.random.coin_flip``): they are drawn
-  from the pipeline's generator, seeded from (seed, rank, epoch, batch) when the
-  pipeline is built, so they are reproducible for a run that starts at the same point,
-  but not bit-identical to the CPU path's or to an uninterrupted run after a resume.
+  from each pipeline's generator, seeded from (seed, rank, epoch, batch, pipeline) when
+  the pipelines are built, so they are reproducible for a run that starts at the same
+  point with the same ``num_pipelines``, but not bit-identical to the CPU path's, to an
+  uninterrupted run after a resume, or across ``num_pipelines`` (evaluation images,
+  ``augment=False``, are the same for every N).
 - **Pipeline**: random-crop decode (ROI decode: only the crop is decoded) -> resize to
   ``image_size`` -> random flip -> ``crop_mirror_normalize`` to uint8 or float16,
   NCHW or NHWC. Without ``augment``: the CPU path's evaluation crop box (the central
@@ -48,7 +51,11 @@ batches need one size).
 
 DALI knobs: ``num_threads`` (DALI's CPU threads), ``hw_decoder_load`` (share of JPEGs
 sent to the hardware decoder; the best value depends on image sizes and must be
-measured), ``prefetch_queue_depth``. ``"auto"`` takes them from ``fastfeed tune
+measured), ``prefetch_queue_depth``, ``num_pipelines`` (pipelines fed in turn: batch j
+of the feed from pipeline ``j % N``, the ``num_threads`` shared between them; the
+batches, their order and ``state_dict`` are the same for every N, a second pipeline
+keeps the hardware JPEG decoder busier, each holds its own ``prefetch_queue_depth``
+batches of GPU memory). ``"auto"`` takes them from ``fastfeed tune
 --decode dali`` (:data:`TUNE_SPACE`) for this dataset, host and batch shape, else
 :data:`DEFAULTS`. There are no worker processes: DataLoader options that would need them
 (``num_workers=8``, ``prefetch_factor=4``, ``worker_init_fn``, ``timeout``, ...) are an
@@ -107,14 +114,20 @@ DALI_INSTALL = (
 
 #: What ``"auto"`` knobs become without a tune result. ``num_threads`` is further capped
 #: at the cores per local rank (see :func:`default_num_threads`).
-DEFAULTS: dict[str, Any] = {"num_threads": 8, "hw_decoder_load": 0.65, "prefetch_queue_depth": 2}
+#: ``num_pipelines`` stays 1 until measured: a second pipeline paid off on one H200 with
+#: small JPEGs (``benchmarks/dali_variants.py``), but it doubles DALI's buffers and the
+#: gain depends on the images and the GPU, so ``fastfeed tune`` decides.
+DEFAULTS: dict[str, Any] = {"num_threads": 8, "hw_decoder_load": 0.65, "prefetch_queue_depth": 2,
+                            "num_pipelines": 1}
 
 
 #: What ``fastfeed tune --decode dali`` searches (see :mod:`fastfeed.loading.knobs`):
 #: no DataLoader workers; one coordinate pass over the hardware decoder's share (the
 #: knob that matters most and whose best value depends on the images), DALI's thread
-#: count, then its prefetch depth. Values are listed cheapest first: more work on the
-#: hardware decoder leaves GPU SMs and CPU cores to training; fewer threads leave cores.
+#: count, then its prefetch depth, then one or two pipelines (the threads found shared
+#: between them). Values are listed cheapest first: more work on the hardware decoder
+#: leaves GPU SMs and CPU cores to training; fewer threads leave cores; one pipeline holds
+#: half the GPU memory of two.
 TUNE_SPACE = SearchSpace(
     workers=(0,),
     prefetch=(2,),
@@ -126,6 +139,8 @@ TUNE_SPACE = SearchSpace(
              default=4, help="DALI CPU threads (host-side decode stages, resize on CPU)",
              uses_cores=True),
         Knob("prefetch_queue_depth", (2, 3, 4), default=2, help="batches DALI prepares ahead"),
+        Knob("num_pipelines", (1, 2), default=1,
+             help="DALI pipelines fed in turn (num_threads shared between them)"),
     ),
 )
 

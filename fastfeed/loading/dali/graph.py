@@ -21,13 +21,13 @@ import numpy as np
 from fastfeed.loading.dali.feed import LABEL
 from fastfeed.loading.options import LoaderOptions
 
-__all__ = ["ENCODED", "META", "PROBE", "build_pipeline", "pipeline_seed", "probe_pipeline"]
+__all__ = ["ENCODED", "META", "PROBE", "build_pipeline", "pipeline_seed", "probe_pipeline", "split_threads"]
 
 #: The pipeline's inputs, fed with ``Pipeline.feed_input`` (see :meth:`DaliLoader._feed_one`).
 ENCODED, META = "ff_encoded", "ff_meta"
 
 
-def build_pipeline(d: Any, o: LoaderOptions, seed: int) -> Any:
+def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | None = None) -> Any:
     """Define and build fastfeed's DALI pipeline (``d``: :func:`~fastfeed.loading.dali.backend.import_dali`),
     fed batch by batch through two inputs:
     :data:`ENCODED` (the image bytes) and :data:`META` (the int64 rows of
@@ -35,13 +35,16 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int) -> Any:
     :data:`~fastfeed.loading.dali.feed.LABEL`).
 
     Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
+    ``num_threads``: this pipeline's CPU threads (default ``o.num_threads``; a loader of
+    several pipelines gives each its share, :func:`split_threads`).
 
     Example:
         >>> pipe = build_pipeline(import_dali(), options, seed=1)   # doctest: +SKIP
     """
     fn, types = d.fn, d.types
     h, w = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
-    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=o.num_threads, device_id=o.device_id,
+    threads = o.num_threads if num_threads is None else num_threads
+    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=threads, device_id=o.device_id,
                       seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
     decoder = _decoder(d, o)
     with pipe:
@@ -87,16 +90,37 @@ def _center_box(d: Any, encoded: Any, o: LoaderOptions) -> tuple[Any, Any]:
     return d.fn.stack(top, left), d.fn.stack(h, w)
 
 
-def pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int) -> int:
-    """The seed of DALI's augmentation generator for a pipeline built at (epoch, step).
+def pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int, lane: int = 0) -> int:
+    """The seed of DALI's augmentation generator for pipeline ``lane`` of the set built at
+    (epoch, step) (lane 0's seed is the one a single pipeline has).
 
     Example:
         >>> o = LoaderOptions(batch_size=4)
         >>> pipeline_seed(o, 0, 0, 1) == pipeline_seed(o, 0, 0, 1) != pipeline_seed(o, 1, 0, 1)
         True
+        >>> pipeline_seed(o, 0, 0, 1, lane=1) != pipeline_seed(o, 0, 0, 1)
+        True
     """
-    ss = np.random.SeedSequence([o.seed, o.rank, epoch, step, builds, 0xDA11])
+    entropy = [o.seed, o.rank, epoch, step, builds, 0xDA11] + ([lane] if lane else [])
+    ss = np.random.SeedSequence(entropy)
     return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def split_threads(num_threads: int, num_pipelines: int) -> list[int]:
+    """DALI's ``num_threads`` shared out between ``num_pipelines`` pipelines (>= 1 each).
+
+    Why a share and not ``num_threads`` each: ``num_threads`` stays the number of CPU
+    threads the loader keeps busy (what ``fastfeed tune`` counts as cores used), and what
+    two pipelines win is the hardware decoder's idle time between one pipeline's
+    iterations, not more threads (``benchmarks/dali_variants.py``'s ``two-pipes``: two
+    pipelines of 8 threads against one of 16).
+
+    Example:
+        >>> split_threads(16, 2), split_threads(5, 2), split_threads(1, 3)
+        ([8, 8], [3, 2], [1, 1, 1])
+    """
+    base, extra = divmod(num_threads, num_pipelines)
+    return [max(1, base + (k < extra)) for k in range(num_pipelines)]
 
 
 #: The input of :func:`probe_pipeline`.

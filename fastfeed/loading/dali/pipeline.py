@@ -2,13 +2,24 @@
 the graph itself is :mod:`fastfeed.loading.dali.graph`, the epochs and resume state
 :mod:`fastfeed.loading.cursor`).
 
-One pipeline lives as long as the loader. The loader feeds it the batches of
-:class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch,
-one batch ahead of what DALI runs (``Pipeline.feed_input``: a batch's images as one
-``TensorListCPU``, its ``meta`` rows ``(generation, epoch, step, id, label)``); each
-step starts DALI's next iteration before it builds the torch batch, so no Python runs
-between two DALI iterations. It matches every output to the batch it fed through the
-``meta`` columns, drops outputs of a superseded feed (after
+``num_pipelines`` pipelines (one by default) live as long as the loader: built at the
+first batch, kept across ``set_epoch``, ``load_state_dict``, abandoned passes and new
+``iter()`` calls (a pass that starts elsewhere restarts the feed: the few batches in
+flight are run out and dropped, nothing is rebuilt), released by :meth:`DaliLoader.close`
+or a pipeline failure. The loader feeds them the batches of
+:class:`~fastfeed.loading.dali.feed.BatchFeeder` in plan order, epoch after epoch, in
+turn: the j-th batch fed since the feed (re)started goes to pipeline ``j % N`` and is
+taken back from it, so the batches, their order and ``state_dict`` do not depend on N
+(the turn is a schedule, not part of the state). Each pipeline is kept one batch ahead
+of what DALI runs (``Pipeline.feed_input``: a batch's images as one ``TensorListCPU``,
+its ``meta`` rows ``(generation, epoch, step, id, label)``); each step starts the
+pipeline's next iteration before it builds the torch batch, so no Python runs between
+two DALI iterations, and with N > 1 one pipeline decodes while the other's batch is
+being handed over (the hardware JPEG decoder idles less; ``num_threads`` is shared
+between them, :func:`~fastfeed.loading.dali.graph.split_threads`). A loader dropped
+without ``close()`` leaves pipelines that draw no random numbers to the next loader of
+the same shape (:mod:`fastfeed.loading.dali.reuse`). It matches every output to the
+batch it fed through the ``meta`` columns, drops outputs of a superseded feed (after
 ``set_epoch``/``load_state_dict``/an abandoned pass), and turns outputs into torch
 tensors the way DALI's own PyTorch iterator does (DLPack with DALI's dynamic executor,
 else a copy on the current CUDA stream).
@@ -32,6 +43,7 @@ import os
 import re
 import time
 import weakref
+from collections import deque
 from typing import Any, Iterator
 
 import numpy as np
@@ -51,7 +63,16 @@ from fastfeed.loading.dali.feed import (
     tensor_batch,
     where,
 )
-from fastfeed.loading.dali.graph import ENCODED, META, PROBE, build_pipeline, pipeline_seed, probe_pipeline
+from fastfeed.loading.dali.graph import (
+    ENCODED,
+    META,
+    PROBE,
+    build_pipeline,
+    pipeline_seed,
+    probe_pipeline,
+    split_threads,
+)
+from fastfeed.loading.dali.reuse import PipelineSet, adopt, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, sample_table
 from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
@@ -149,9 +170,13 @@ class DaliLoader(Resumable):
         self._num_batches = self._cursor.num_batches
         self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
-        self._pipe: Any = None
-        self._dynamic = False  # the pipeline runs DALI's dynamic executor
-        self._builds = 0
+        # the pipelines (batch j of the feed comes from pipeline j % N) and what they run;
+        # left to the next loader of the same shape if this one is dropped unclosed
+        self._set = PipelineSet(pending=self._feeder.pending)
+        self._key = pipeline_key(options, dali.Pipeline)
+        weakref.finalize(self, park, self._key, self._set, os.getpid()).atexit = False
+        self._builds = 0  # pipeline sets built (one per loader unless closed or failed)
+        self._adopted = 0  # pipeline sets taken over from a dropped loader
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
         self._check_images()
@@ -199,12 +224,28 @@ class DaliLoader(Resumable):
             self.stats.record(t1 - t0, t1, len(batch["__key__"]), skipped, messages)
             yield batch
 
+    @property
+    def _pipes(self) -> list[Any]:
+        """The built pipelines, fed in turn (empty before the first batch or after close)."""
+        return self._set.pipes
+
+    @property
+    def _pipe(self) -> Any:
+        """The pipeline whose output comes next (None before the first batch or after close)."""
+        return self._set.pipes[self._set.turn] if self._set.pipes else None
+
+    @property
+    def _dynamic(self) -> bool:
+        """The pipelines run DALI's dynamic executor (outputs stay valid after release)."""
+        return self._set.dynamic
+
     def close(self) -> None:
-        """Release the pipeline (GPU memory, threads) now; the loader can be iterated again."""
-        pipe, self._pipe, self._stream = self._pipe, None, None
-        del pipe  # the pipeline stops (and stops reading what it was fed) before ...
-        self._feeder.pending.clear()  # ... the views of the mapped shards are let go
-        _pipelines_changed()
+        """Release the pipelines (GPU memory, threads) now; the loader can be iterated again
+        (it builds them anew). A loader dropped without ``close()`` leaves its pipelines to
+        the next loader of the same shape in this process (:mod:`fastfeed.loading.dali.reuse`)."""
+        self._stream = None
+        self._set.release()  # the pipelines stop (and stop reading what they were fed) before
+        _pipelines_changed()  # the views of the mapped shards are let go
 
     def __enter__(self) -> "DaliLoader":
         return self
@@ -216,37 +257,79 @@ class DaliLoader(Resumable):
         o = self.options
         return (f"DaliLoader({self.index.root!r}, batch_size={o.batch_size}, image_size={o.image_size}, "
                 f"device_id={o.device_id}, num_threads={o.num_threads}, hw_decoder_load={o.hw_decoder_load}, "
-                f"prefetch_queue_depth={o.prefetch_queue_depth}, rank={o.rank}/{o.world_size}, "
+                f"prefetch_queue_depth={o.prefetch_queue_depth}, num_pipelines={o.num_pipelines}, "
+                f"rank={o.rank}/{o.world_size}, "
                 f"batches={len(self)})")
 
     # ------------------------------------------------------------------ the stream
-    # The training thread feeds the pipeline: one batch per batch it takes, kept
-    # ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands DALI the next
-    # iteration (release + schedule_run, its input already fed), then feeds one more and
-    # builds the torch batch while DALI works: no Python stands between DALI finishing
-    # an iteration and starting the next (the hand-written reader pipeline's advantage).
+    # The training thread feeds the pipelines: one batch per batch it takes, each pipeline
+    # kept ``_AHEAD`` batch ahead of what DALI runs next. Each step first hands the
+    # pipeline it took from its next iteration (release + schedule_run, its input already
+    # fed), then feeds that pipeline one more and builds the torch batch while DALI works:
+    # no Python stands between DALI finishing an iteration and starting the next (the
+    # hand-written reader pipeline's advantage). Feeding and taking both go round the
+    # pipelines in turn, so the batch fed next always goes to the pipeline just taken from.
     def _feed_from(self, epoch: int, step: int) -> None:
-        """Make the pipeline output (epoch, step) next, building it if needed."""
-        if self._pipe is not None and self._stream == (epoch, step):
+        """Make the pipelines output (epoch, step) next, building them if needed."""
+        if self._pipes and self._stream == (epoch, step):
             return
+        if not self._pipes:
+            parked = adopt(self._key)
+            if parked is not None:
+                self._take(parked)
         self._feeder.restart(epoch, step)
-        if self._pipe is None:
-            self._feeder.pending.clear()
-            self._builds += 1
-            seed = pipeline_seed(self.options, epoch, step, self._builds)
-            self._pipe = build_pipeline(self._dali, self.options, seed)
-            _pipelines_changed()
-            _LOADERS.add(self)
-            self._dynamic = bool(getattr(self._pipe, "exec_dynamic", False))
-            for _ in range(self.options.prefetch_queue_depth + _AHEAD):
-                self._feed_one()
-            self._pipe.schedule_run()  # runs prefetch_queue_depth iterations
+        if not self._pipes:
+            self._build(epoch, step)
         self._stream = (epoch, step)
 
-    def _feed_one(self) -> None:
+    def _build(self, epoch: int, step: int) -> None:
+        """Build the ``num_pipelines`` pipelines, each started on its share of the first
+        batches (j % N) before the next one is built."""
+        o = self.options
+        self._feeder.pending.clear()
+        self._builds += 1
+        n = o.num_pipelines
+        first = [self._feeder() for _ in range(n * (o.prefetch_queue_depth + _AHEAD))]
+        pipes: list[Any] = []
+        pipe = None
+        try:
+            for lane, threads in enumerate(split_threads(o.num_threads, n)):
+                pipe = build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
+                                      num_threads=threads)
+                for images, meta in first[lane::n]:
+                    self._put(pipe, images, meta)
+                pipe.schedule_run()  # runs prefetch_queue_depth iterations while the next is built
+                pipes.append(pipe)
+        except BaseException:
+            pipes.clear()  # the ones started stop now (the traceback keeps this frame), before
+            pipe = None  # close() lets their fed views go
+            raise
+        self._set.pipes, self._set.turn = pipes, 0
+        self._set.dynamic = bool(getattr(pipes[0], "exec_dynamic", False))
+        _pipelines_changed()
+        _LOADERS.add(self)
+
+    def _take(self, parked: PipelineSet) -> None:
+        """Run the pipelines of a dropped loader (:mod:`~fastfeed.loading.dali.reuse`): its
+        batches in flight stay pending under their old generations, so the restart that
+        follows supersedes them (they are run out and dropped) without a build."""
+        stale = list(parked.pending)
+        self._feeder.pending.clear()
+        self._feeder.pending.extend(stale)
+        self._feeder.generation = max([self._feeder.generation, *(f.generation for f in stale)])
+        self._set.pipes, self._set.turn, self._set.dynamic = parked.pipes, parked.turn, parked.dynamic
+        parked.pipes, parked.pending = [], deque()
+        self._adopted += 1
+        _LOADERS.add(self)
+
+    def _feed_one(self, pipe: Any) -> None:
         images, meta = self._feeder()
-        self._pipe.feed_input(ENCODED, images)
-        self._pipe.feed_input(META, meta)
+        self._put(pipe, images, meta)
+
+    @staticmethod
+    def _put(pipe: Any, images: Any, meta: np.ndarray) -> None:
+        pipe.feed_input(ENCODED, images)
+        pipe.feed_input(META, meta)
 
     def _advance(self, epoch: int, step: int) -> None:
         self._stream = (epoch, step + 1) if step + 1 < self._num_batches else (epoch + 1, 0)
@@ -287,10 +370,13 @@ class DaliLoader(Resumable):
             return batch, len(skipped), [self._skip_message(i, "no image") for i in skipped]
 
     def _next_iteration(self) -> None:
-        """Give the consumed outputs back, run the next (already fed) iteration, feed one more."""
-        self._pipe.release_outputs()
-        self._pipe.schedule_run()
-        self._feed_one()
+        """Give the consumed outputs back, run the pipeline's next (already fed) iteration,
+        feed it one more; the next output comes from the next pipeline."""
+        pipe = self._pipe
+        pipe.release_outputs()
+        pipe.schedule_run()
+        self._feed_one(pipe)
+        self._set.turn = (self._set.turn + 1) % len(self._set.pipes)
 
     def _tensor(self, out: Any) -> torch.Tensor:
         t = out.as_tensor()
