@@ -92,8 +92,8 @@ def split_units(src: TableSource, shard_bytes: int, shard_rows: int | None) -> T
             units.append(Unit(u.file, u.row_group, u.file_row + off, u.first_row + off, n, u.nbytes * n // u.num_rows))
     if split and src.kind == "parquet":
         u, cap = split[0]
-        log.warning("%s: row group %d has %d rows, more than one shard holds (%d); %d row group(s) like it are "
-                    "each read once per range of rows; write the parquet with smaller row groups "
+        log.warning("%s: row group %d has %d rows, more than one shard holds (%d); %d row group(s) larger than a "
+                    "shard are each read once per shard they span; write the parquet with smaller row groups "
                     "(row_group_size=) to pack faster", show(os.path.join(src.root, u.file)), u.row_group,
                     u.num_rows, cap, len(split))
     return replace(src, units=tuple(units))
