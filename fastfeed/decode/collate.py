@@ -164,7 +164,7 @@ def _collate_values(key: str, vals: list[Any]) -> Any:
     return list(vals)
 
 
-def pad_ragged(vals: Sequence[np.ndarray], pad: Padding, value: int | float,
+def pad_ragged(vals: Sequence[np.ndarray], pad: Padding, value: float,
                width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Arrays ragged along their first axis as one padded array, and each one's length.
 

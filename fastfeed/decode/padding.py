@@ -27,7 +27,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
