@@ -211,6 +211,11 @@ def _run_info(args: argparse.Namespace) -> int:
         ln = d["lengths"]
         print(f"  lengths    {ln['field']}: min {ln['min']}, median {ln['median']:g}, max {ln['max']}, "
               f"total {ln['total']}")
+    if d.get("tokenizer"):
+        t = d["tokenizer"]
+        stored = f"ids in {t['tokens']}" if t.get("tokens") else "counted only"
+        print(f"  tokenizer  {t.get('field')} ({stored}): vocab {t.get('vocab_size')}, {t.get('dtype')}, "
+              f"pad id {t.get('pad_id')}, {t.get('total_tokens')} tokens")
     o = d["options"]
     order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
     resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""

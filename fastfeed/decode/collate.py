@@ -21,7 +21,11 @@ instead of refused:
 - any other array field whose lengths equal ``input_ids``' sample by sample
   (``attention_mask``, ``token_type_ids``, ``labels`` of a tokenizer) is padded with 0
   to the same width, so the fields line up;
-- any other ragged array field is padded with 0 to its own longest (same rounding).
+- any other ragged array field is padded with 0 to its own longest (same rounding);
+- with ``max_length``, longer samples are truncated to it first and no batch is wider.
+
+:func:`pad_ragged` is that rule for one field (:class:`~fastfeed.decode.padding.PadCollate`,
+the ``collate_fn`` for a DataLoader of your own, runs it too).
 
 :func:`batch_buffer` allocates the uint8 batch array the decoders fill in place; inside
 a DataLoader worker it lives in shared memory, so handing the batch to the main process
@@ -45,7 +49,8 @@ import torch
 from fastfeed.decode import bufpool
 from fastfeed.errors import ConfigError
 
-__all__ = ["INPUT_IDS", "MASK", "Padding", "batch_buffer", "collate", "nhwc_to_nchw", "pad_fields"]
+__all__ = ["INPUT_IDS", "MASK", "Padding", "batch_buffer", "collate", "mask_of", "nhwc_to_nchw", "pad_fields",
+           "pad_ragged"]
 
 #: The padded token field and its mask (the names Hugging Face models take).
 INPUT_IDS = "input_ids"
@@ -59,18 +64,30 @@ class Padding:
     Attributes:
         pad_id: the value of padded ``input_ids`` positions.
         pad_multiple: round padded lengths up to a multiple of this (8 suits tensor cores).
+        max_length: truncate longer samples to this many positions (None: no truncation).
     """
 
-    pad_id: int = 0
+    pad_id: int | float = 0
     pad_multiple: int = 1
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
             raise ConfigError(f"pad_multiple={self.pad_multiple!r} must be an integer >= 1")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or not isinstance(self.max_length, int)
+                                            or self.max_length < 1):
+            raise ConfigError(f"max_length={self.max_length!r} must be an integer >= 1, or None")
 
     def width(self, longest: int) -> int:
-        """The padded length of a batch whose longest sample has ``longest`` positions."""
-        return -(-longest // self.pad_multiple) * self.pad_multiple
+        """The padded length of a batch whose longest sample has ``longest`` positions.
+
+        Example:
+            >>> Padding(pad_multiple=8).width(9), Padding(pad_multiple=4, max_length=6).width(9)
+            (16, 6)
+        """
+        longest = longest if self.max_length is None else min(longest, self.max_length)
+        width = -(-longest // self.pad_multiple) * self.pad_multiple
+        return width if self.max_length is None else min(width, self.max_length)
 
 
 def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -147,12 +164,37 @@ def _collate_values(key: str, vals: list[Any]) -> Any:
     return list(vals)
 
 
-def _pad(vals: list[np.ndarray], width: int, value: int) -> np.ndarray:
+def pad_ragged(vals: Sequence[np.ndarray], pad: Padding, value: float,
+               width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays ragged along their first axis as one padded array, and each one's length.
+
+    Each array is truncated to ``pad.max_length``, then padded with ``value`` to ``width``
+    (None: ``pad.width`` of the longest). Integer arrays give int64, others their common dtype.
+
+    Example:
+        >>> out, lengths = pad_ragged([np.array([1, 2, 3]), np.array([4])], Padding(pad_multiple=2), 9)
+        >>> out.tolist(), lengths.tolist()
+        ([[1, 2, 3, 9], [4, 9, 9, 9]], [3, 1])
+    """
+    if pad.max_length is not None:
+        vals = [v[: pad.max_length] for v in vals]
+    lengths = np.fromiter((v.shape[0] for v in vals), np.int64, len(vals))
+    width = pad.width(int(lengths.max())) if width is None else width
     dtype = np.int64 if all(v.dtype.kind in "biu" for v in vals) else np.result_type(*vals)
     out = np.full((len(vals), width, *vals[0].shape[1:]), value, dtype=dtype)
     for j, v in enumerate(vals):
         out[j, : v.shape[0]] = v
-    return out
+    return out, lengths
+
+
+def mask_of(lengths: np.ndarray, width: int) -> np.ndarray:
+    """The int64 ``(B, width)`` mask of samples of ``lengths``: 1 on real positions, 0 on padding.
+
+    Example:
+        >>> mask_of(np.array([2, 1]), 3).tolist()
+        [[1, 1, 0], [1, 0, 0]]
+    """
+    return (np.arange(width)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
 
 
 def _raggable(vals: list[Any]) -> bool:
@@ -178,19 +220,19 @@ def pad_fields(samples: Sequence[dict[str, Any]], pad: Padding) -> dict[str, tor
     lengths: list[int] | None = None
     if _raggable(ids):
         lengths = [v.shape[0] for v in ids]
-        width = pad.width(max(lengths))
-        out[INPUT_IDS] = torch.from_numpy(_pad(ids, width, pad.pad_id))
+        padded, kept = pad_ragged(ids, pad, pad.pad_id)
+        out[INPUT_IDS] = torch.from_numpy(padded)
         if MASK not in names:
-            out[MASK] = torch.from_numpy((np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64))
+            out[MASK] = torch.from_numpy(mask_of(kept, padded.shape[1]))
     for k in names:
         vals = [s.get(k) for s in samples]
         if k in (INPUT_IDS, "image") or not _raggable(vals):  # images of other sizes stay an error
             continue
         own = [v.shape[0] for v in vals]
         if lengths is not None and own == lengths:
-            out[k] = torch.from_numpy(_pad(vals, out[INPUT_IDS].shape[1], 0))
+            out[k] = torch.from_numpy(pad_ragged(vals, pad, 0, width=out[INPUT_IDS].shape[1])[0])
         elif len(set(own)) > 1:
-            out[k] = torch.from_numpy(_pad(vals, pad.width(max(own)), 0))
+            out[k] = torch.from_numpy(pad_ragged(vals, pad, 0)[0])
     return out
 
 

@@ -1,6 +1,8 @@
 """Padded batches: a collate for a ``tokens`` field, or any field of ragged arrays.
 
-:class:`PadCollate` pads one field along its first axis to the longest sample of the
+The padding rule is :func:`fastfeed.decode.collate.pad_ragged` (the one ``loader()``
+runs on token data); this module only names the field and the outputs, for a
+DataLoader of your own. :class:`PadCollate` pads one field along its first axis to the longest sample of the
 batch (rounded up to a multiple of ``pad_multiple``, capped by ``max_length`` with
 truncation) and collates every other field by :func:`~fastfeed.decode.collate.collate`:
 
@@ -26,12 +28,13 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from fastfeed.decode.collate import collate
+from fastfeed.decode.collate import Padding, collate, mask_of, pad_ragged
 from fastfeed.errors import ConfigError
 
 __all__ = ["PadCollate", "pad_collate"]
@@ -56,12 +59,11 @@ class PadCollate:
     max_length: int | None = None
     name: str = "input_ids"
     mask_name: str = "attention_mask"
+    _padding: Padding = dc_field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
-            raise ConfigError(f"pad_multiple={self.pad_multiple!r}: must be an integer >= 1")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
-            raise ConfigError(f"max_length={self.max_length!r}: must be an integer >= 1, or None")
+        pad_id = 0 if self.pad_id is None else self.pad_id
+        object.__setattr__(self, "_padding", Padding(pad_id, self.pad_multiple, self.max_length))  # validates
         if self.name == self.mask_name:
             raise ConfigError(f"name and mask_name are both {self.name!r}; pick two names")
 
@@ -93,19 +95,8 @@ class PadCollate:
         if len(tails) > 1:
             raise ConfigError(f"PadCollate(field={key!r}): samples differ beyond the first axis "
                               f"{sorted(tails)[:4]}; only the first axis may be ragged")
-        if self.max_length is not None:
-            arrays = [a[: self.max_length] for a in arrays]
-        lengths = np.fromiter((a.shape[0] for a in arrays), np.int64, len(arrays))
-        longest = int(lengths.max())
-        width = -(-longest // self.pad_multiple) * self.pad_multiple
-        if self.max_length is not None:
-            width = min(width, self.max_length)
-        integer = all(a.dtype.kind in "biu" for a in arrays)
-        dtype = np.int64 if integer else np.result_type(*arrays)
-        out = np.full((len(arrays), width, *arrays[0].shape[1:]), self.pad_id or 0, dtype=dtype)
-        for j, a in enumerate(arrays):
-            out[j, : a.shape[0]] = a
-        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        out, lengths = pad_ragged(arrays, self._padding, self._padding.pad_id)
+        mask = mask_of(lengths, out.shape[1])
         rest = collate([{k: v for k, v in s.items() if k != self._key(s)} for s in samples])
         rest.update({self.name: torch.from_numpy(out), self.mask_name: torch.from_numpy(mask),
                      "lengths": torch.from_numpy(lengths)})

@@ -108,6 +108,9 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
             "mean": float(np.mean(lengths)), "median": float(np.median(lengths)),
             "total": int(lengths.sum()),
         }
+    if idx.tokenizer is not None:  # with a tokenizer, lengths.npy holds the token counts of its field
+        out["tokenizer"] = {**dict(idx.tokenizer), "total_tokens": None if out["lengths"] is None
+                            else out["lengths"]["total"]}
     return out
 
 

@@ -321,7 +321,11 @@ def _where(src: TableSource, unit: Unit, row: int) -> str:
 
 def _batches(src: TableSource, unit: Unit, columns: tuple[str, ...], batch_rows: int
              ) -> Iterator[tuple[Any, int]]:
-    """Record batches of ``columns`` of one unit, with the row (in the file) of each first row."""
+    """Record batches of ``columns`` of one unit, with the row (in the file) of each first row.
+
+    A parquet unit that is a row range inside its row group (:func:`~fastfeed.packing.tableplan.split_units`)
+    streams the row group from its start and keeps the range: memory stays one record batch.
+    """
     import pyarrow as pa
 
     if src.kind == "hf":
@@ -329,12 +333,17 @@ def _batches(src: TableSource, unit: Unit, columns: tuple[str, ...], batch_rows:
         yield from hf_batches(ds, unit.file_row, unit.num_rows, list(columns), batch_rows)
         return
     pf = _open_parquet(src.root, unit.file)
-    row = unit.file_row
+    start = sum(pf.metadata.row_group(g).num_rows for g in range(unit.row_group))
+    row, end = start, unit.file_row + unit.num_rows  # a unit may be a row range inside its row group
     try:
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[unit.row_group],
                                      columns=list(columns), use_threads=False):
-            yield batch, row
+            lo, hi = max(unit.file_row - row, 0), min(end - row, batch.num_rows)
+            if hi > lo:
+                yield (batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)), row + lo
             row += batch.num_rows
+            if row >= end:
+                return
     except (pa.ArrowException, OSError) as e:
         raise BadFileError(f"{_where(src, unit, row)}: cannot read the row group ({e}); the file may be "
                            "corrupt: re-write it, or pass --on-error skip") from None

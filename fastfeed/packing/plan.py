@@ -45,6 +45,7 @@ from fastfeed.packing.tableplan import (
     TokenPlan,
     check_length_column,
     check_token_options,
+    split_units,
     table_content,
     table_shards,
     token_plan,
@@ -335,6 +336,7 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
     if not hf_object and Path(src).is_dir():
         check_not_inside(Path(src).absolute(), dst)
     table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
+    table = split_units(table, opts.shard_size, opts.samples_per_shard)
     names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
     listed = [cf.column for cf in table.fields]
     tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True, listed=listed)

@@ -1,8 +1,10 @@
 """The planning pieces of ``pack`` for table inputs and for a pack-time tokenizer.
 
 Table inputs (parquet files, HF ``datasets``; :mod:`fastfeed.packing.parquet`) are planned by
-units, not by samples: :func:`wants_table` decides whether SRC is one, :func:`table_shards`
-cuts its units (row groups, row ranges) into shards, and :func:`table_content` is the
+units, not by samples: :func:`wants_table` decides whether SRC is one, :func:`split_units`
+cuts a unit larger than a shard may be (``samples_per_shard``, ``shard_size``) into row ranges
+(free for a HF dataset; a parquet row group is then read once per range, which is logged
+once), :func:`table_shards` cuts its units (row groups, row ranges) into shards, and :func:`table_content` is the
 content id of the planned output (without ``shuffle`` the rows keep the source's order;
 with ``shuffle``, the units are put in a seeded random order before they are cut into
 shards, so a shard mixes row groups of different files; the rows of one unit keep
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
@@ -34,11 +37,14 @@ from fastfeed import __version__
 from fastfeed.errors import ConfigError
 from fastfeed.packing.columns import TEXT_EXTS
 from fastfeed.packing.hfsource import is_hf_folder, is_hf_object
-from fastfeed.packing.parquet import TableSource, group_units, is_table_source
+from fastfeed.packing.parquet import TableSource, Unit, group_units, is_table_source
 from fastfeed.packing.source import TABLE_INPUTS, show
 from fastfeed.packing.tokenize import TOKENS_FIELD, Tokenizer
 
-__all__ = ["TokenPlan", "check_length_column", "check_token_options", "table_content", "table_shards", "text_field", "token_plan", "wants_table"]
+__all__ = ["TokenPlan", "check_length_column", "check_token_options", "split_units", "table_content", "table_shards",
+           "text_field", "token_plan", "wants_table"]
+
+log = logging.getLogger(__name__)
 
 
 def wants_table(src: Any, input: str | None) -> bool:
@@ -60,6 +66,37 @@ def wants_table(src: Any, input: str | None) -> bool:
             raise ConfigError(f"input={input!r}: SRC is a datasets object; leave input out (or pass input='hf')")
         return True
     return input is None and is_table_source(src)
+
+
+def split_units(src: TableSource, shard_bytes: int, shard_rows: int | None) -> TableSource:
+    """``src`` with each unit of more than ``shard_rows`` rows or ``shard_bytes`` (estimated from
+    its bytes per row) cut into consecutive row ranges that fit, so the shards can meet both.
+
+    Example:
+        >>> src = TableSource("hf", "", (), (), None, (Unit("", -1, 0, 0, 100, 1000),), 100, "fp")
+        >>> [(u.file_row, u.num_rows, u.nbytes) for u in split_units(src, 10**9, 40).units]
+        [(0, 40, 400), (40, 40, 400), (80, 20, 200)]
+    """
+    units: list[Unit] = []
+    split: list[tuple[Unit, int]] = []
+    for u in src.units:
+        cap = u.num_rows if shard_rows is None else min(u.num_rows, shard_rows)
+        if u.nbytes > shard_bytes:
+            cap = min(cap, max(1, shard_bytes * u.num_rows // u.nbytes))
+        if cap >= u.num_rows:
+            units.append(u)
+            continue
+        split.append((u, cap))
+        for off in range(0, u.num_rows, cap):
+            n = min(cap, u.num_rows - off)
+            units.append(Unit(u.file, u.row_group, u.file_row + off, u.first_row + off, n, u.nbytes * n // u.num_rows))
+    if split and src.kind == "parquet":
+        u, cap = split[0]
+        log.warning("%s: row group %d has %d rows, more than one shard holds (%d); %d row group(s) larger than a "
+                    "shard are each read once per shard they span; write the parquet with smaller row groups "
+                    "(row_group_size=) to pack faster", show(os.path.join(src.root, u.file)), u.row_group,
+                    u.num_rows, cap, len(split))
+    return replace(src, units=tuple(units))
 
 
 def table_shards(src: TableSource, shard_bytes: int, shard_rows: int | None,

@@ -282,7 +282,9 @@ def plan_budget(lengths: np.ndarray, *, world_size: int, max_cost: float, seed: 
     sigma = jittered_order(lengths if ids is None else lengths[ids], rng, jitter, table)
     ids = sigma if ids is None else ids[sigma]
     ls = lengths[ids]
-    cap = W * cost.capacity(np.maximum.accumulate(ls), max_cost)
+    # a step never holds more than every sample: clip before scaling by W, since zero-cost samples
+    # (length 0 under "tokens") have an unbounded capacity (2**62) and W * 2**62 overflows int64
+    cap = W * np.minimum(cost.capacity(np.maximum.accumulate(ls), max_cost), ls.shape[0])
     if cap.min() < 1:
         raise ConfigError("a sample is over max_cost (internal: over-budget samples must be filtered first)")
     cut = int(rng.integers(0, ids.shape[0] + 1)) if rng is not None else ids.shape[0]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastfeed.decode.collate import Padding, collate
 from fastfeed.decode.fields import decode_field
 from fastfeed.decode.padding import PadCollate, pad_collate
 from fastfeed.errors import ConfigError
@@ -80,3 +81,19 @@ def test_in_a_dataloader_with_workers() -> None:
         assert b["lengths"].tolist() == lens
         assert b["input_ids"].shape == (5, -(-max(lens) // 4) * 4)
         assert b["attention_mask"].sum().item() == sum(lens)
+
+
+def test_one_rule_with_the_loader_collate() -> None:
+    """PadCollate and the loader's padded collate give the same batch (the rule lives in collate.py)."""
+    samples = [{"__key__": f"k{i}", "input_ids": np.arange(1, n + 1, dtype=np.int32)} for i, n in enumerate([5, 2, 9])]
+    for pad in (Padding(pad_id=3), Padding(pad_id=3, pad_multiple=4), Padding(pad_id=3, pad_multiple=4, max_length=6)):
+        ours = PadCollate(field="input_ids", pad_id=pad.pad_id, pad_multiple=pad.pad_multiple,
+                          max_length=pad.max_length)(samples)
+        loaders = collate(samples, pad=pad)
+        assert torch.equal(ours["input_ids"], loaders["input_ids"])
+        assert torch.equal(ours["attention_mask"], loaders["attention_mask"])
+    assert loaders["input_ids"].shape == (3, 6) and loaders["attention_mask"].sum(1).tolist() == [5, 2, 6]
+    labels = [dict(s, labels=s["input_ids"] * 10) for s in samples]  # an aligned field is truncated alike
+    assert collate(labels, pad=Padding(max_length=4))["labels"].tolist()[2] == [10, 20, 30, 40]
+    with pytest.raises(ConfigError, match="max_length=0"):
+        Padding(max_length=0)

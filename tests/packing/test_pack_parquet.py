@@ -245,3 +245,22 @@ def test_sigkill_mid_pack_then_rerun_is_byte_identical(tmp_path: Path) -> None:
     assert main(["pack", str(src), str(dst), *args]) == 0  # the same command again
     assert tree_digest(dst) == tree_digest(tmp_path / "clean")
     assert [n for n, t in kept.items() if (dst / n).stat().st_mtime_ns == t], "complete shards not reused"
+
+
+def test_samples_per_shard_and_shard_size_inside_one_unit(tmp_path: Path, caplog) -> None:
+    """A HF dataset or parquet row group larger than a shard is cut into row ranges (every row once, in order)."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"caption": [f"row {i}" for i in range(100)]})
+    idx = fastfeed.pack(ds, tmp_path / "hf", samples_per_shard=10, shuffle=False)
+    assert [s.samples for s in idx.shards] == [10] * 10
+    assert [r["caption.txt"] for r in _stored(tmp_path / "hf")] == [f"row {i}".encode() for i in range(100)]
+    idx = fastfeed.pack(ds, tmp_path / "hf-bytes", shard_size=ds.data.nbytes // 4, shuffle=False)
+    assert len(idx.shards) >= 4 and idx.num_samples == 100
+    _write(tmp_path / "one.parquet", 25, 0, row_group=25)  # one row group of 25 rows
+    with caplog.at_level("WARNING", logger="fastfeed.packing.tableplan"):
+        idx = fastfeed.pack(tmp_path / "one.parquet", tmp_path / "pq", samples_per_shard=10, shuffle=False,
+                            key="id")
+    assert [s.samples for s in idx.shards] == [10, 10, 5]
+    assert [r["__key__"] for r in _stored(tmp_path / "pq")] == [f"doc{i:03d}" for i in range(25)]
+    said = [r.getMessage() for r in caplog.records if "row group 0 has 25 rows" in r.getMessage()]
+    assert len(said) == 1 and "smaller row groups" in said[0]

@@ -83,6 +83,22 @@ def test_parquet_tokens_and_exact_lengths(table: Path, tok_file: Path, tmp_path:
         assert arr.dtype == np.uint16 and arr.tolist() == ids and row["text"] == text.encode()
 
 
+def test_info_shows_the_tokenizer(table: Path, tok_file: Path, tmp_path: Path, capsys) -> None:
+    from fastfeed.packed.checks import info
+
+    fastfeed.pack(table, tmp_path / "ff", tokenizer=tok_file, tokenize="text")
+    vocab = tokenizers.Tokenizer.from_file(str(tok_file)).get_vocab_size(with_added_tokens=True)
+    total = sum(len(_ids(tok_file, t)) for t in TEXTS)
+    t = info(tmp_path / "ff")["tokenizer"]
+    assert (t["vocab_size"], t["dtype"], t["pad_id"], t["total_tokens"], t["tokens"]) == (
+        vocab, "uint16", 0, total, "tokens.npy")
+    assert main(["info", str(tmp_path / "ff")]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("tokenizer")]
+    assert line == [f"  tokenizer  {t['field']} (ids in tokens.npy): vocab {vocab}, uint16, pad id 0, {total} tokens"]
+    fastfeed.pack(table, tmp_path / "plain")
+    assert "tokenizer" not in info(tmp_path / "plain")
+
+
 def test_uint32_for_a_large_vocabulary(table: Path, tmp_path: Path) -> None:
     big = _train(tmp_path / "big.json", extra=66_000)
     fastfeed.pack(table, tmp_path / "ff", tokenizer=big, tokenize="text")

@@ -108,6 +108,23 @@ def test_guarantees_hold_for_every_cost(kind: str, cost: Any) -> None:
                 assert max(costs) <= s.max_cost * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("cost", ["tokens", "attention", "varlen", FITTED])
+@pytest.mark.parametrize("W", [1, 2, 3, 8])
+def test_zero_length_samples_plan_without_overflow(cost: Any, W: int) -> None:
+    """Length-0 samples cost nothing per sample (capacity unbounded): no int64 overflow for any W."""
+    budget = 0.01 if cost is FITTED else 64
+    for lengths in ([0] * 10, [0, 5, 7, 0, 3, 9, 4, 0], [0] * 50 + [16] * 7):
+        for drop_last in (False, True):
+            for shuffle in (False, True):
+                s = make("budget", lengths, W, cost=cost, max_cost=budget, drop_last=drop_last, shuffle=shuffle)
+                ranks = check_epoch(s, len(lengths), W, drop_last, "budget")
+                fn, ls = s._cost_fn, np.asarray(lengths)
+                costs = [fn.model.predict(ls[b]) if fn.model else fn._call(ls[b]) for bs in ranks for b in bs]
+                assert max(costs) <= s.max_cost * (1 + 1e-9)
+    zeros = make("budget", [0] * 10, 2, shuffle=False)  # all zero-cost: one step holding every sample
+    assert [len(b) for r in all_ranks(zeros) for b in r] == [5, 5]
+
+
 def test_balanced_and_little_padding_at_scale() -> None:
     lengths = lognormal(200_000)
     for kind, cost in (("bucket", "tokens"), ("budget", "tokens"), ("budget", "attention"), ("budget", "varlen")):
