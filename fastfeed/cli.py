@@ -122,6 +122,13 @@ def _index_stamp(dst: str) -> Any:
         return None
 
 
+def _input_kind(idx: Any) -> str:
+    """What the pack summary says it read: ``imagefolder, 1000 classes``, ``files``..."""
+    if idx.classes is None:
+        return str(idx.input)
+    return f"{idx.input}, {len(idx.classes)} class{'es' if len(idx.classes) != 1 else ''}"
+
+
 def _run_pack(args: argparse.Namespace) -> int:
     from fastfeed._util import format_bytes
     from fastfeed.errors import ConfigError
@@ -162,19 +169,22 @@ def _run_pack(args: argparse.Namespace) -> int:
         print(json.dumps({"dst": args.dst, "already_complete": done, "num_samples": idx.num_samples,
                           "num_shards": len(idx.shards), "format": idx.format, "bytes": total,
                           "skipped": len(idx.skipped), "input": idx.input,
+                          "classes": None if idx.classes is None else len(idx.classes),
                           **({"tokens": tokens} if tokens is not None else {})}, indent=1))
     elif done:
         print(f"already complete: {args.dst} holds these {idx.num_samples} samples in {len(idx.shards)} "
               f"{idx.format} shard(s), {format_bytes(total)}; nothing was packed (--overwrite packs again)")
     else:
         print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
-              f"{format_bytes(total)}, in {args.dst} (input: {idx.input})")
+              f"{format_bytes(total)}, in {args.dst} (input: {_input_kind(idx)})")
     if tokens is not None and not args.json:
         t = idx.tokenizer or {}
         print(f"{tokens} tokens of {t.get('field')} (vocabulary {t.get('vocab_size')}, "
               f"{t.get('dtype') if t.get('tokens') else 'counted only'}, pad id {t.get('pad_id')})")
     if idx.skipped and not args.json:
         print(f"skipped {len(idx.skipped)} input(s); see {args.dst}/skipped.txt")
+    if not done and not args.json:
+        print(f"check it before training (every shard read, every image decoded): fastfeed verify {args.dst}")
     return 0
 
 

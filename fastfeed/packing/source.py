@@ -111,6 +111,10 @@ class Problems:
             return
         self.errors.append(cls(f"{show(os.path.join(self.src, where))}: {reason}; {fix}"))
 
+    def leave_out(self, where: str, reason: str, key: str = "") -> None:
+        """Record an input left out on purpose whatever ``on_error`` (a stray file next to an ImageFolder's images)."""
+        self.skipped.append({"path": show(where), "key": show(key), "reason": reason})
+
     def raise_if_any(self) -> None:
         if not self.errors:
             return

@@ -13,7 +13,11 @@ Three inputs, detected or chosen (``input=``):
   :func:`~fastfeed.packing.manifest.member_name` for the member names).
 
 Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder whose files all sit
-in sub-folders and all carry image extensions is an ImageFolder; anything else is files.
+in sub-folders and carry image extensions is an ImageFolder, also when a few stray
+non-image files (a README, ``Thumbs.db``: at most one per class folder, or 1%) sit among
+them: those are left out and listed in ``Source.skipped``; a folder whose non-image files
+share keys with images (``0001.jpg`` + ``0001.json``), or with no class sub-folders, is
+files; many unrelated non-images among the images are an error that names both ways out.
 
 The source lives in a *tree* (:mod:`fastfeed.packing.tree`): a local folder or an
 object-store prefix (:mod:`fastfeed.packing.srcurl`); :func:`scan` is the one scan over
@@ -70,22 +74,53 @@ log = logging.getLogger("fastfeed.pack")
 
 
 # ---------------------------------------------------------------- folders
-def _detect(files: list[FileEntry], top_dirs: list[str]) -> tuple[str, str]:
-    """Pick ``imagefolder`` or ``files`` for a listed folder; returns (kind, reason)."""
+def _detect(files: list[FileEntry], top_dirs: list[str], where: str) -> tuple[str, str, frozenset[str]]:
+    """Pick ``imagefolder`` or ``files`` for a listed folder: (kind, reason, stray files).
+
+    An ImageFolder may hold a few stray non-image files in its class folders (a README, a
+    ``Thumbs.db``): they are returned, to be left out and reported. A non-image file that
+    shares its key with an image (``0001.jpg`` + ``0001.json``) makes samples of several
+    files: ``files``. Many unrelated non-images next to the images are neither: SourceError.
+    """
     if not top_dirs:
-        return "files", "no class sub-folders"
+        return "files", "no class sub-folders", frozenset()
+    nested: list[str] = []
     for f in files:
-        base = f.rel.rpartition("/")[2]
-        image = "." in base and is_image(base)
-        if "/" not in f.rel:
-            if image:
-                return "files", f"image {show(f.rel)} sits at the top level"
-        elif not image:
-            return "files", f"{show(f.rel)} is not an image"
-    return "imagefolder", "every file sits in a class folder and is an image"
+        if "/" in f.rel:
+            nested.append(f.rel)
+        elif _image_name(f.rel):
+            return "files", f"image {show(f.rel)} sits at the top level", frozenset()
+    others = [r for r in nested if not _image_name(r)]
+    if not others:
+        return "imagefolder", "every file sits in a class folder and is an image", frozenset()
+    image_keys = {_key_of(r) for r in nested if _image_name(r)}
+    if not image_keys:
+        return "files", f"no images in the sub-folders ({show(others[0])}, ...)", frozenset()
+    paired = next((r for r in others if _key_of(r) in image_keys), None)
+    if paired is not None:
+        return "files", f"{show(paired)} shares its key with an image (samples of several files)", frozenset()
+    if len(others) <= max(len(top_dirs), len(nested) // 100):
+        return "imagefolder", f"images in class folders, {len(others)} stray non-image file(s)", frozenset(others)
+    shown = ", ".join(show(r) for r in others[:3])
+    raise SourceError(
+        f"{show(where)}: not an ImageFolder: {len(others)} of {len(nested)} files in its sub-folders are not "
+        f"images (e.g. {shown}) and share no key with an image; pass --input imagefolder --on-error skip to "
+        "pack the images with their class labels and leave the rest out (listed in skipped.txt), or --input "
+        "files to pack every file as a sample of its own (labels then come only from .cls files)")
 
 
-def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], problems: Problems) -> Source:
+def _image_name(rel: str) -> bool:
+    base = rel.rpartition("/")[2]
+    return "." in base and is_image(base)
+
+
+def _key_of(rel: str) -> str:
+    parts = split_key(rel)
+    return parts[0] if parts is not None else rel
+
+
+def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], problems: Problems,
+                 strays: frozenset[str] = frozenset()) -> Source:
     classes = tuple(sorted(top_dirs))
     index = {c: i for i, c in enumerate(classes)}
     candidates: dict[str, list[tuple[FileEntry, str]]] = defaultdict(list)
@@ -93,6 +128,10 @@ def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], proble
     for f in files:
         if "/" not in f.rel:
             ignored.append(f.rel)
+            continue
+        if f.rel in strays:
+            problems.leave_out(f.rel, "not an image: a stray file in a class folder of an ImageFolder "
+                               "(pass --input files to pack every file)")
             continue
         folder, _, base = f.rel.rpartition("/")
         stem, dot, ext = base.rpartition(".")
@@ -263,11 +302,16 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
     else:
         files, top_dirs, ignored = tree.list(problems)
         kind = input
+        strays: frozenset[str] = frozenset()
         if kind is None:
-            kind, why = _detect(files, top_dirs)
+            kind, why, strays = _detect(files, top_dirs, tree.shown)
             log.info("%s: packing as %s (%s)", show(tree.shown), kind, why)
+        if strays:
+            log.warning("%s: packing as an ImageFolder; %d stray non-image file(s) in its class folders are "
+                        "left out (listed in skipped.txt): %s; pass --input files to pack every file instead",
+                        show(tree.shown), len(strays), ", ".join(show(p) for p in sorted(strays)[:5]))
         if kind == "imagefolder":
-            source = _imagefolder(tree, files, top_dirs, problems)
+            source = _imagefolder(tree, files, top_dirs, problems, strays)
         else:
             source = _files(tree, files, problems)
         if source.ignored:

@@ -250,7 +250,10 @@ def test_non_image_in_imagefolder_and_file_without_extension(tmp_path: Path) -> 
     (src / "c0" / "notes.txt").write_text("hi")
     with pytest.raises(BadFileError, match=r"c0/notes.txt: not an image file in an ImageFolder; remove it"):
         pack(src, tmp_path / "o", input="imagefolder")
-    assert pack(src, tmp_path / "o2").input == "files"  # detection: not an ImageFolder
+    # detection: an ImageFolder with one stray file, left out and reported (was: files, labels lost)
+    detected = pack(src, tmp_path / "o2")
+    assert detected.input == "imagefolder" and detected.classes is not None
+    assert [d["path"] for d in detected.skipped] == ["c0/notes.txt"]
     (src / "c0" / "LICENSE").write_text("x")
     with pytest.raises(BadFileError, match=r"c0/LICENSE: no usable extension .*KEY.EXT"):
         pack(src, tmp_path / "o3", input="files")
