@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from fastfeed.decode import roi
 from fastfeed.errors import BadFileError, SourceError
-from fastfeed.formats.images import decode_errors, looks_like_image, reencode
+from fastfeed.formats.images import decode_errors, jpeg_truncated, looks_like_image, reencode
 from fastfeed.formats.naming import is_image
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import (
@@ -167,6 +167,9 @@ def check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
     if not looks_like_image(data[:32], m.field):
         raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
                        f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
+    if (why := jpeg_truncated(data)) is not None:  # the loader would fail on it hours into training
+        raise Problem(BadFileError, m.path or "", why, "copy or download the file again, remove it, "
+                      "or pass --on-error skip")
     opts = plan.options
     if opts.max_side is not None:
         try:
