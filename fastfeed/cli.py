@@ -56,9 +56,9 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    "a .parquet file (or a folder or quoted glob of them), or a datasets save_to_disk folder")
     p.add_argument("dst", metavar="DST", help="output folder (created; must not be inside SRC), or an "
                    "object-store URL such as s3://bucket/prefix")
-    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf"], default="auto",
-                   help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
-                        "Dataset.save_to_disk folder)")
+    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf", "webdataset"],
+                   default="auto", help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
+                   "Dataset.save_to_disk folder; webdataset: a folder of tars, converted member by member)")
     p.add_argument("--columns", default=None, metavar="COL=FIELD,...",
                    help="parquet/hf: the columns to pack and their fields, e.g. image=jpg,caption=txt "
                         "(default: every column, field by type)")

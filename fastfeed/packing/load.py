@@ -121,9 +121,11 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
         if m.path is not None:
             where = m.path
             path = os.path.join(plan.root, m.path)
-            fd = fds.pop(path, None) if fds else None
+            if m.offset is not None:  # a member of a WebDataset tar
+                where = f"{m.path}:{spec.key}.{m.field}"
+            fd = fds.pop(path, None) if fds and m.offset is None else None
             try:
-                data = read_source(path, m.size) if fd is None else _read_open(fd, path, m.size)
+                data = read_source(path, m.size, m.offset) if fd is None else _read_open(fd, path, m.size)
             except (BadFileError, OSError) as e:
                 reason = str(e).removeprefix(f"{show(path)}: ").split("; ")[0]
                 raise Problem(BadFileError, where, reason,
@@ -131,7 +133,7 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
             files += 1
             nbytes += len(data)
             if is_image(m.field):
-                data = check_image(plan, m, data)
+                data = check_image(plan, m._replace(path=where), data)
         elif m.data is not None:
             data = m.data
         else:
@@ -223,7 +225,7 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
 
 
 def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
-    if spec.label >= 0 or plan.kind != "files":
+    if spec.label >= 0 or plan.kind not in ("files", "webdataset"):
         return spec.label
     raw = fields.get("cls")
     if raw is None:
@@ -278,7 +280,7 @@ def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tu
 def _will_need(root: str, spec: SampleSpec, fds: dict[str, int]) -> None:
     """Open the sample's files and ask the kernel to start reading them."""
     for m in spec.members:
-        if m.path is None:
+        if m.path is None or m.offset is not None:  # tar members: read by offset, not whole
             continue
         path = os.path.join(root, m.path)
         try:

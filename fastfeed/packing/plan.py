@@ -442,6 +442,7 @@ def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pill
         h.update(b"|shard")
         for s in sh.samples:
             h.update(repr((s.key, s.label, [(m.field, m.path, m.size, m.data, m.json_key)
+                                            + (() if m.offset is None else (m.offset,))
                                             for m in s.members])).encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:32]
 

@@ -12,7 +12,8 @@ Three inputs, detected or chosen (``input=``):
   values as JSON (:mod:`fastfeed.packing.manifest` reads it; see
   :func:`~fastfeed.packing.manifest.member_name` for the member names).
 
-Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder whose files all sit
+Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder of tar shards only is
+``webdataset`` (converted member by member, :mod:`fastfeed.packing.wdsource`); a folder whose files all sit
 in sub-folders and carry image extensions is an ImageFolder, also when a few stray
 non-image files (a README, ``Thumbs.db``: at most one per class folder, or 1%) sit among
 them: those are left out and listed in ``Source.skipped``; a folder whose non-image files
@@ -66,6 +67,7 @@ from fastfeed.packing.source import (
 )
 from fastfeed.packing.srcurl import UrlTree
 from fastfeed.packing.tree import LocalTree, Tree
+from fastfeed.packing.wdsource import is_tar_source, webdataset_source
 from fastfeed.storage.remote import is_url
 
 __all__ = ["probe", "scan"]
@@ -260,7 +262,9 @@ def probe(src: Source, tree: Tree, problems: Problems, threads: int = 8) -> None
     def head(m: Member) -> str | None:
         try:
             with tree.open(m.path or "") as f:
-                data = f.read(32)
+                if m.offset is not None:  # a member of a WebDataset tar
+                    f.seek(m.offset)
+                data = f.read(min(32, m.size) if m.offset is not None else 32)
         except OSError as e:
             return f"cannot read ({e.strerror})"
         if looks_like_image(data, m.field):
@@ -273,7 +277,8 @@ def probe(src: Source, tree: Tree, problems: Problems, threads: int = 8) -> None
     for (i, m), why in zip(todo, results):
         if why is not None and i not in bad:
             bad.add(i)
-            problems.report(BadFileError, m.path or "", why, "fix or remove the file", src.samples[i].key)
+            where = (m.path or "") if m.offset is None else f"{m.path}:{src.samples[i].key}.{m.field}"
+            problems.report(BadFileError, where, why, "fix or remove the file", src.samples[i].key)
     if bad:
         src.samples = [s for i, s in enumerate(src.samples) if i not in bad]
 
@@ -285,7 +290,7 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
 
     Args:
         src: an ImageFolder or files folder (or prefix), or a JSONL manifest.
-        input: ``imagefolder``, ``files``, ``jsonl``, or None to detect.
+        input: ``imagefolder``, ``files``, ``jsonl``, ``webdataset`` (a folder of tars), or None to detect.
         on_error: ``raise`` raises the first problem; ``skip`` records it in ``Source.skipped``.
         length: ``pack --length`` (checked for presence here; read when writing).
 
@@ -303,6 +308,10 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
         files, top_dirs, ignored = tree.list(problems)
         kind = input
         strays: frozenset[str] = frozenset()
+        if kind is None and is_tar_source(files):
+            kind = "webdataset"
+            log.info("%s: packing as webdataset (every file is a tar shard: converted member by member)",
+                     show(tree.shown))
         if kind is None:
             kind, why, strays = _detect(files, top_dirs, tree.shown)
             log.info("%s: packing as %s (%s)", show(tree.shown), kind, why)
@@ -312,9 +321,11 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
                         show(tree.shown), len(strays), ", ".join(show(p) for p in sorted(strays)[:5]))
         if kind == "imagefolder":
             source = _imagefolder(tree, files, top_dirs, problems, strays)
+        elif kind == "webdataset":
+            source = webdataset_source(tree, files, problems)
         else:
             source = _files(tree, files, problems)
-        if source.ignored:
+        if source.ignored and kind == "imagefolder":
             log.warning("%s: %d file(s) at the top level of an ImageFolder are not samples: %s",
                         show(tree.shown), len(source.ignored), ", ".join(show(p) for p in source.ignored[:5]))
         if ignored:
