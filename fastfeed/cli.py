@@ -189,7 +189,7 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _add_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder (or a folder of WebDataset tars)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -207,8 +207,11 @@ def _run_info(args: argparse.Namespace) -> int:
     sps = d["samples_per_shard"]
     print(d["path"])
     dali = ", DALI index files" if d["dali_index"] else ""
-    print(f"  format     {d['format']}{dali} (packed from {d['input']} by fastfeed "
-          f"{d['fastfeed_version']}, index v{d['index_version']})")
+    if d.get("foreign"):
+        print(f"  format     {d['format']}: {d['note']}")
+    else:
+        print(f"  format     {d['format']}{dali} (packed from {d['input']} by fastfeed "
+              f"{d['fastfeed_version']}, index v{d['index_version']})")
     print(f"  samples    {d['num_samples']} in {d['num_shards']} shard(s) of {sps['min']}-{sps['max']}, "
           f"{format_bytes(d['bytes'])}")
     print(f"  fields     {', '.join(d['fields'])}")
@@ -223,15 +226,19 @@ def _run_info(args: argparse.Namespace) -> int:
               f"total {ln['total']}")
     o = d["options"]
     order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
+    if d.get("foreign"):
+        order = "as stored in the tars"
     resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
     resize += ", JPEGs with restart markers (crops decode only their blocks)" if o.get("jpeg_restarts") else ""
     print(f"  order      {order}{resize}")
-    print(f"  skipped    {d['num_skipped']}" + (" (see skipped.txt)" if d["num_skipped"] else ""))
+    where = " (hidden or damaged members, see -v)" if d.get("foreign") else " (see skipped.txt)"
+    print(f"  skipped    {d['num_skipped']}" + (where if d["num_skipped"] else ""))
     return 0
 
 
 def _add_verify(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder (or a folder of WebDataset tars: "
+                   "members read, images decoded)")
     p.add_argument("--workers", default="auto", metavar="N", help="processes (default auto: one per core)")
     p.add_argument("--no-decode", action="store_true", help="skip decoding images (bytes and checksums only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
