@@ -169,9 +169,6 @@ def check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
     if not looks_like_image(data[:32], m.field):
         raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
                        f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
-    if (why := jpeg_truncated(data)) is not None:  # the loader would fail on it hours into training
-        raise Problem(BadFileError, m.path or "", why, "copy or download the file again, remove it, "
-                      "or pass --on-error skip")
     opts = plan.options
     if opts.max_side is not None:
         try:
@@ -179,6 +176,9 @@ def check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
         except decode_errors() as e:
             raise Problem(BadFileError, m.path or "", f"cannot decode image for --max-side "
                            f"({type(e).__name__}: {e})", "fix or remove the file, or pass --on-error skip") from None
+    if (why := jpeg_truncated(data)) is not None:  # the loader would fail on it hours into training
+        raise Problem(BadFileError, m.path or "", why, "copy or download the file again, remove it, "
+                      "or pass --on-error skip")
     if opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff":
         data = _with_restarts(data)
     return data
