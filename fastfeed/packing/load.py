@@ -25,7 +25,12 @@ from typing import Any, Iterator
 
 from fastfeed.decode import roi
 from fastfeed.errors import BadFileError, SourceError
-from fastfeed.formats.images import decode_errors, jpeg_truncated, looks_like_image, reencode
+from fastfeed.formats.images import (
+    decode_errors,
+    jpeg_truncated,
+    looks_like_image,
+    reencode,
+)
 from fastfeed.formats.naming import is_image
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import (

@@ -69,6 +69,7 @@ from fastfeed.packing.srcurl import UrlTree
 from fastfeed.packing.tree import LocalTree, Tree
 from fastfeed.packing.wdsource import is_tar_source, webdataset_source
 from fastfeed.storage.remote import is_url
+from fastfeed.storage.shardlist import is_shard_name
 
 __all__ = ["probe", "scan"]
 
@@ -325,6 +326,7 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
             source = webdataset_source(tree, files, problems)
         else:
             source = _files(tree, files, problems)
+            _warn_tars(tree, files)
         if source.ignored and kind == "imagefolder":
             log.warning("%s: %d file(s) at the top level of an ImageFolder are not samples: %s",
                         show(tree.shown), len(source.ignored), ", ".join(show(p) for p in source.ignored[:5]))
@@ -334,6 +336,15 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
         source.ignored = ignored + source.ignored
     where = tree.shown if manifest is None else tree.path(manifest)
     return _finish(source, tree, problems, where, on_error, length, probe_threads)
+
+
+def _warn_tars(tree: Tree, files: list[FileEntry]) -> None:
+    """Tars among other files are packed whole (one ``tar`` field); say how to convert them instead."""
+    tars = [f.rel for f in files if is_shard_name(f.rel)]
+    if tars:
+        log.warning("%s: %d tar file(s) such as %s are packed whole, one sample each (field 'tar'); a folder "
+                    "holding only WebDataset tars is converted member by member (--input webdataset)",
+                    show(tree.shown), len(tars), show(tars[0]))
 
 
 def _locate(src: str | os.PathLike[str]) -> tuple[Tree, str | None]:

@@ -18,7 +18,15 @@ from __future__ import annotations
 
 from fastfeed.errors import BadFileError, ConfigError, ShardError, UnsafePathError
 from fastfeed.formats.wds import ScannedShard, scan_tar
-from fastfeed.packing.source import FileEntry, Member, Problems, SampleSpec, Source, key_problem, show
+from fastfeed.packing.source import (
+    FileEntry,
+    Member,
+    Problems,
+    SampleSpec,
+    Source,
+    key_problem,
+    show,
+)
 from fastfeed.packing.tree import Tree
 from fastfeed.storage.shardlist import is_shard_name
 

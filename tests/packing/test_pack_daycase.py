@@ -14,11 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fastfeed
 from fastfeed.cli import main
 from fastfeed.errors import BadFileError, ConfigError, SourceError
 from fastfeed.packed.checks import info, verify
-from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import DatasetReader, resolve_index
 from fastfeed.packing.api import pack
 from tools.synth import make_image_folder, make_jpeg
@@ -109,7 +107,8 @@ def test_pack_converts_webdataset_tars_member_by_member(tmp_path: Path) -> None:
     assert verify(tmp_path / "o").ok
 
 
-def test_pack_of_webdataset_tars_reports_duplicate_keys_and_gzip(tmp_path: Path) -> None:
+def test_pack_of_webdataset_tars_reports_duplicate_keys_and_gzip(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     src = tmp_path / "dup"
     src.mkdir()
     jpg = make_jpeg(np.random.default_rng(1), (16, 16))
@@ -119,6 +118,10 @@ def test_pack_of_webdataset_tars_reports_duplicate_keys_and_gzip(tmp_path: Path)
         pack(src, tmp_path / "o")
     kept = pack(src, tmp_path / "o2", on_error="skip")
     assert kept.num_samples == 2 and [d["path"] for d in kept.skipped] == ["b.tar:k/0001"]
+    (src / "notes.txt").write_text("x")  # tars among other files: packed whole, with a warning
+    with caplog.at_level(logging.WARNING, "fastfeed.pack"):
+        assert pack(src, tmp_path / "o4").fields == ("tar", "txt")
+    assert any("packed whole" in r.getMessage() and "--input webdataset" in r.getMessage() for r in caplog.records)
     gz = tmp_path / "gz"
     gz.mkdir()
     (gz / "a.tar.gz").write_bytes(b"\x1f\x8b")
@@ -143,6 +146,11 @@ def test_info_verify_and_tune_accept_webdataset_tars(tmp_path: Path, capsys: pyt
     assert not bad.ok and len(bad.problems) == 1
     assert "train-000009.tar: sample 's9/0001' field 'jpg': image does not decode" in bad.problems[0]
     assert "s9/0001.jpg of this tar is damaged" in bad.problems[0] and "--on-error skip" in bad.problems[0]
+    # a tar cut short: its readable samples are checked, the loss named
+    cut = src / "train-000009.tar"
+    cut.write_bytes(cut.read_bytes()[:1500])
+    broken = verify(src)
+    assert not broken.ok and any("train-000009.tar" in p and "runs past the end" in p for p in broken.problems)
 
 
 @pytest.mark.slow
