@@ -56,9 +56,9 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    "a .parquet file (or a folder or quoted glob of them), or a datasets save_to_disk folder")
     p.add_argument("dst", metavar="DST", help="output folder (created; must not be inside SRC), or an "
                    "object-store URL such as s3://bucket/prefix")
-    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf"], default="auto",
-                   help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
-                        "Dataset.save_to_disk folder)")
+    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf", "webdataset"],
+                   default="auto", help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
+                   "Dataset.save_to_disk folder; webdataset: a folder of tars, converted member by member)")
     p.add_argument("--columns", default=None, metavar="COL=FIELD,...",
                    help="parquet/hf: the columns to pack and their fields, e.g. image=jpg,caption=txt "
                         "(default: every column, field by type)")
@@ -122,6 +122,13 @@ def _index_stamp(dst: str) -> Any:
         return None
 
 
+def _input_kind(idx: Any) -> str:
+    """What the pack summary says it read: ``imagefolder, 1000 classes``, ``files``..."""
+    if idx.classes is None:
+        return str(idx.input)
+    return f"{idx.input}, {len(idx.classes)} class{'es' if len(idx.classes) != 1 else ''}"
+
+
 def _run_pack(args: argparse.Namespace) -> int:
     from fastfeed._util import format_bytes
     from fastfeed.errors import ConfigError
@@ -162,24 +169,27 @@ def _run_pack(args: argparse.Namespace) -> int:
         print(json.dumps({"dst": args.dst, "already_complete": done, "num_samples": idx.num_samples,
                           "num_shards": len(idx.shards), "format": idx.format, "bytes": total,
                           "skipped": len(idx.skipped), "input": idx.input,
+                          "classes": None if idx.classes is None else len(idx.classes),
                           **({"tokens": tokens} if tokens is not None else {})}, indent=1))
     elif done:
         print(f"already complete: {args.dst} holds these {idx.num_samples} samples in {len(idx.shards)} "
               f"{idx.format} shard(s), {format_bytes(total)}; nothing was packed (--overwrite packs again)")
     else:
         print(f"packed {idx.num_samples} samples into {len(idx.shards)} {idx.format} shard(s), "
-              f"{format_bytes(total)}, in {args.dst} (input: {idx.input})")
+              f"{format_bytes(total)}, in {args.dst} (input: {_input_kind(idx)})")
     if tokens is not None and not args.json:
         t = idx.tokenizer or {}
         print(f"{tokens} tokens of {t.get('field')} (vocabulary {t.get('vocab_size')}, "
               f"{t.get('dtype') if t.get('tokens') else 'counted only'}, pad id {t.get('pad_id')})")
     if idx.skipped and not args.json:
         print(f"skipped {len(idx.skipped)} input(s); see {args.dst}/skipped.txt")
+    if not done and not args.json:
+        print(f"check it before training (every shard read, every image decoded): fastfeed verify {args.dst}")
     return 0
 
 
 def _add_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder (or a folder of WebDataset tars)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -197,8 +207,11 @@ def _run_info(args: argparse.Namespace) -> int:
     sps = d["samples_per_shard"]
     print(d["path"])
     dali = ", DALI index files" if d["dali_index"] else ""
-    print(f"  format     {d['format']}{dali} (packed from {d['input']} by fastfeed "
-          f"{d['fastfeed_version']}, index v{d['index_version']})")
+    if d.get("foreign"):
+        print(f"  format     {d['format']}: {d['note']}")
+    else:
+        print(f"  format     {d['format']}{dali} (packed from {d['input']} by fastfeed "
+              f"{d['fastfeed_version']}, index v{d['index_version']})")
     print(f"  samples    {d['num_samples']} in {d['num_shards']} shard(s) of {sps['min']}-{sps['max']}, "
           f"{format_bytes(d['bytes'])}")
     print(f"  fields     {', '.join(d['fields'])}")
@@ -218,15 +231,19 @@ def _run_info(args: argparse.Namespace) -> int:
               f"pad id {t.get('pad_id')}, {t.get('total_tokens')} tokens")
     o = d["options"]
     order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
+    if d.get("foreign"):
+        order = "as stored in the tars"
     resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
     resize += ", JPEGs with restart markers (crops decode only their blocks)" if o.get("jpeg_restarts") else ""
     print(f"  order      {order}{resize}")
-    print(f"  skipped    {d['num_skipped']}" + (" (see skipped.txt)" if d["num_skipped"] else ""))
+    where = " (hidden or damaged members, see -v)" if d.get("foreign") else " (see skipped.txt)"
+    print(f"  skipped    {d['num_skipped']}" + (where if d["num_skipped"] else ""))
     return 0
 
 
 def _add_verify(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dst", metavar="DST", help="a packed dataset folder")
+    p.add_argument("dst", metavar="DST", help="a packed dataset folder (or a folder of WebDataset tars: "
+                   "members read, images decoded)")
     p.add_argument("--workers", default="auto", metavar="N", help="processes (default auto: one per core)")
     p.add_argument("--no-decode", action="store_true", help="skip decoding images (bytes and checksums only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

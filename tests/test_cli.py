@@ -111,7 +111,8 @@ def test_pack_json_and_already_complete(photos: Path, tmp_path: Path,
     assert main(["pack", str(photos / "train"), str(dst), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert first == {"dst": str(dst), "already_complete": False, "num_samples": 60, "num_shards": 1,
-                     "format": "tar", "bytes": first["bytes"], "skipped": 0, "input": "imagefolder"}
+                     "format": "tar", "bytes": first["bytes"], "skipped": 0, "input": "imagefolder",
+                     "classes": 3}
     assert first["bytes"] == sum(s.bytes for s in DatasetIndex.load(dst).shards)
     assert main(["pack", str(photos / "train"), str(dst), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["already_complete"] is True

@@ -29,6 +29,7 @@ from fastfeed.formats.naming import last_ext
 __all__ = [
     "decode_error",
     "decode_errors",
+    "jpeg_truncated",
     "looks_like_image",
     "reencode",
     "sniff",
@@ -126,6 +127,31 @@ def decode_error(data: bytes) -> str | None:
         except decode_errors() as e:
             return f"{type(e).__name__}: {e}"
     return None
+
+
+#: Bytes at the end of a JPEG searched for its EOI marker (padding and small trailers allowed).
+_JPEG_TAIL = 4096
+
+
+def jpeg_truncated(data: bytes) -> str | None:
+    """Why the JPEG ``data`` is cut short, or None: its end must be the EOI marker ``FF D9``.
+
+    Zero or whitespace padding after EOI is allowed. Costs a look at the last bytes; only a
+    JPEG whose tail is not EOI (truncated, or with data appended after EOI, as motion photos
+    have) is decoded (:func:`decode_error`) to tell the two apart.
+
+    Example:
+        >>> jpeg_truncated(b"\\xff\\xd8\\xff\\xe0" + b"x" * 10 + b"\\xff\\xd9\\0\\0") is None
+        True
+    """
+    if data[:3] != b"\xff\xd8\xff":
+        return None
+    if data[-_JPEG_TAIL:].rstrip(b"\0 \t\r\n").endswith(b"\xff\xd9"):
+        return None
+    err = decode_error(data)
+    if err is None:
+        return None
+    return f"truncated JPEG: no end-of-image marker (FF D9) at its end ({err})"
 
 
 def reencode(data: bytes, field: str, max_side: int, quality: int) -> bytes:

@@ -47,13 +47,17 @@ class ScannedShard:
     fields: set[str] = field(default_factory=set)
     problem: str | None = None
     ignored: list[str] = field(default_factory=list)
+    #: with ``scan_tar(members=True)``: per sample, its members as (field, data offset, size)
+    members: list[list[tuple[str, int, int]]] = field(default_factory=list)
 
 
 def scan_tar(file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None,
-             on_error: str = "raise") -> ScannedShard:
+             on_error: str = "raise", members: bool = False) -> ScannedShard:
     """Scan an uncompressed tar (path or seekable file) into webdataset samples.
 
-    ``name`` names the tar in messages (default: the path).
+    ``name`` names the tar in messages (default: the path). With ``members``, every
+    sample's members are listed too (``ScannedShard.members``: what ``pack`` reads to
+    convert the tar member by member).
 
     Only headers are read (tarfile seeks over member data). A damaged header in the
     middle, or members running past the end of the file, raise ShardError naming the
@@ -75,15 +79,22 @@ def scan_tar(file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None
         end_of_file = f.seek(0, os.SEEK_END)
         f.seek(0)
         out = ScannedShard(url=name, bytes=end_of_file)
-        _scan_members(f, out, end_of_file, on_error)
+        _scan_members(f, out, end_of_file, on_error, members)
         return out
     finally:
         if is_path:
             f.close()
 
 
-def _scan_members(f: BinaryIO, out: ScannedShard, end_of_file: int, on_error: str) -> None:
+def _scan_members(f: BinaryIO, out: ScannedShard, end_of_file: int, on_error: str, members: bool) -> None:
     name = out.url
+    current: list[tuple[str, int, int]] = []
+
+    def close(k: str, start: int, stop: int) -> None:
+        out.keys.append(k)
+        out.spans.append((start, stop - start))
+        if members:
+            out.members.append(current.copy())
     try:
         tf = tarfile.open(fileobj=f, mode="r:")
     except tarfile.TarError as e:
@@ -103,17 +114,16 @@ def _scan_members(f: BinaryIO, out: ScannedShard, end_of_file: int, on_error: st
                 # webdataset makes ``a/b/.x.txt`` a sample keyed ``a/b/``: keep it out of
                 # every sample's byte span, and report it as skipped
                 if key is not None:
-                    out.keys.append(key)
-                    out.spans.append((start, stop - start))
+                    close(key, start, stop)
                     key = None
                 out.ignored.append(m.name)
                 continue
             k, ext = parts
             if k != key:
                 if key is not None:
-                    out.keys.append(key)
-                    out.spans.append((start, stop - start))
+                    close(key, start, stop)
                 key, start, exts = k, m.offset, set()
+                current.clear()
             if ext in exts:
                 raise ShardError(
                     f"{name}: member {m.name!r} repeats field '{ext}' of sample '{k}' (webdataset "
@@ -121,6 +131,7 @@ def _scan_members(f: BinaryIO, out: ScannedShard, end_of_file: int, on_error: st
                 )
             exts.add(ext)
             out.fields.add(ext)
+            current.append((ext, m.offset_data, m.size))
             stop = m.offset_data + m.size + (-m.size % _BLOCK)
             if m.offset_data + m.size > end_of_file:
                 problem = f"member {m.name!r} at offset {m.offset} runs past the end of the file (truncated)"
@@ -129,8 +140,7 @@ def _scan_members(f: BinaryIO, out: ScannedShard, end_of_file: int, on_error: st
     except tarfile.TarError as e:
         problem = f"corrupt tar data after offset {start} ({e})"
     if key is not None:
-        out.keys.append(key)
-        out.spans.append((start, stop - start))
+        close(key, start, stop)
     problem = problem or _trailing_garbage(f, tf.offset, end_of_file)
     if out.ignored:
         log.warning(

@@ -33,6 +33,8 @@ from fastfeed.formats.wds import scan_tar
 from fastfeed.host import cpu_count
 from fastfeed.packed.index import DatasetIndex, ShardInfo
 from fastfeed.packed.layout import LENGTHS_NAME, SKIPPED_NAME
+from fastfeed.packed.reader import resolve_index
+from fastfeed.storage.remote import is_gzip_tar, open_shard
 
 __all__ = ["VerifyReport", "info", "verify"]
 
@@ -63,14 +65,41 @@ class VerifyReport:
         return asdict(self)
 
 
+#: What ``info`` and ``verify`` say about WebDataset tars that have no fastfeed index.
+FOREIGN_NOTE = ("WebDataset tars without a fastfeed index (indexed in memory, as fastfeed.loader() reads them); "
+                "`fastfeed pack {src} DST` converts them once into a packed dataset with an index (checksums, "
+                "labels, DALI index files, a faster start)")
+
+
+def open_checked(dst: str | os.PathLike[str], *, on_error: str = "raise") -> DatasetIndex:
+    """The index of ``dst``: a packed dataset's, or, for a folder of WebDataset tars without
+    one, the in-memory index the loader builds (:func:`~fastfeed.packed.reader.resolve_index`).
+
+    Raises:
+        FastfeedError: neither (the error of the missing index), or a damaged tar (``raise``).
+    """
+    if DatasetIndex.exists(dst):
+        return DatasetIndex.load(dst)
+    try:
+        return resolve_index(dst, on_error=on_error)
+    except ConfigError:  # no tars there either: say what a packed dataset lacks
+        return DatasetIndex.load(dst)
+
+
+def is_foreign(idx: DatasetIndex) -> bool:
+    """True for the in-memory index of WebDataset tars (no ``index.json``)."""
+    return bool(idx.options.get("scanned"))
+
+
 def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
-    """Summarise a packed dataset (from its index and sidecars; shards are not read).
+    """Summarise a packed dataset (from its index and sidecars; shards are not read), or a
+    folder of WebDataset tars (from their member headers; ``foreign`` is True).
 
     Example:
         >>> info("/data/in-ff")["num_samples"]   # doctest: +SKIP
         1281167
     """
-    idx = DatasetIndex.load(dst)
+    idx = open_checked(dst)
     counts = idx.shard_counts
     sizes = np.array([s.bytes for s in idx.shards], dtype=np.int64)
     out: dict[str, Any] = {
@@ -93,7 +122,10 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
         "fastfeed_version": idx.fastfeed_version,
         "index_version": idx.version,
         "fingerprint": idx.fingerprint,
+        "foreign": is_foreign(idx),
     }
+    if out["foreign"]:
+        out["note"] = FOREIGN_NOTE.format(src=dst)
     labels = idx.labels
     if labels is not None and len(labels):
         per_class = np.bincount(labels[labels >= 0]) if (labels >= 0).any() else np.zeros(0, np.int64)
@@ -135,7 +167,7 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
         raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
     report = VerifyReport(path=str(dst), ok=False)
     try:
-        idx = DatasetIndex.load(dst)
+        idx = open_checked(dst, on_error="skip")  # a damaged foreign tar: reported below, the rest checked
         offsets = np.asarray(idx.offsets)
         labels = None if idx.labels is None else np.asarray(idx.labels)
         lengths = None if idx.lengths is None else np.asarray(idx.lengths)
@@ -144,13 +176,14 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
         return report
     if lengths is not None and (lengths < 0).any():
         report.problems.append(f"{dst}/{LENGTHS_NAME}: negative lengths; re-run `fastfeed pack --overwrite`")
-    report.problems += _check_skipped(Path(dst), idx)
+    foreign = is_foreign(idx)
+    report.problems += _damaged_tars(idx) if foreign else _check_skipped(Path(dst), idx)
     starts = idx.shard_starts
     jobs = []
     for s, info_ in enumerate(idx.shards):
         a, b = int(starts[s]), int(starts[s + 1])
-        jobs.append((str(dst), idx.format, info_, offsets[a:b].copy(),
-                     None if labels is None else labels[a:b].copy(), decode))
+        jobs.append((idx.root if foreign else str(dst), idx.format, info_, offsets[a:b].copy(),
+                     None if labels is None else labels[a:b].copy(), decode, foreign))
     if workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
 
@@ -182,6 +215,12 @@ def _reported(outcome: _T, i: int, total: int, progress: Callable[[int, int], No
     return outcome
 
 
+def _damaged_tars(idx: DatasetIndex) -> list[str]:
+    """The damage the scan of foreign tars found (hidden members left out are no damage)."""
+    return [f"{d['path']}: {d['reason']}; re-download or repair the shard" for d in idx.skipped
+            if not d.get("reason", "").startswith("hidden file")]
+
+
 def _check_skipped(root: Path, idx: DatasetIndex) -> list[str]:
     path = root / SKIPPED_NAME
     if not idx.skipped:
@@ -195,10 +234,13 @@ def _check_skipped(root: Path, idx: DatasetIndex) -> list[str]:
     return []
 
 
-def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None, bool]
+def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None, bool, bool]
                   ) -> tuple[list[str], list[str], int, int]:
-    """Check one shard: (problems, keys in order, images decoded, bytes)."""
-    root, fmt, shard, offsets, labels, decode = job
+    """Check one shard: (problems, keys in order, images decoded, bytes).
+
+    A foreign tar (no fastfeed index) has no checksum or DALI index to compare: its
+    members are read and its images decoded."""
+    root, fmt, shard, offsets, labels, decode, foreign = job
     path = Path(root) / shard.name
     problems: list[str] = []
 
@@ -214,13 +256,15 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
     size = path.stat().st_size
     if size != shard.bytes:
         problem(f"{size} bytes, the index says {shard.bytes}; the shard is damaged, restore it or re-pack")
-    if _sha256(path) != shard.sha256:
+    if not foreign and _sha256(path) != shard.sha256:
         problem("sha256 differs from the index; the shard is damaged, restore it or re-pack")
     keys: list[str] = []
     images = 0
+    fix = _decode_fix(foreign)
     try:
-        locations = _locations(path, fmt)
-        for i, sample in enumerate(_read_samples(path, fmt)):
+        tar = open_shard(str(path)) if foreign and is_gzip_tar(path.name) else path
+        locations = _locations(tar, fmt)
+        for i, sample in enumerate(_read_samples(tar, fmt)):
             key = sample["__key__"]
             keys.append(key)
             loc = (i, 0) if locations is None else locations[i] if i < len(locations) else None
@@ -237,16 +281,27 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
                         images += 1
                         err = decode_error(data)
                         if err is not None:
-                            problem(f"sample {key!r} field {name!r}: image does not decode ({err})")
+                            problem(f"sample {key!r} field {name!r}: image does not decode ({err}); "
+                                    + fix.format(member=f"{key}.{name}"))
     except (FastfeedError, tarfile.TarError, OSError) as e:
         problem(f"cannot be read after {len(keys)} samples ({e}); restore it or re-pack")
         return problems, keys, images, size
     if len(keys) != shard.samples:
         problem(f"holds {len(keys)} samples, the index says {shard.samples}; re-pack")
-    if fmt == "tar":
+    if fmt == "tar" and not foreign:
         for text in _check_dali_index(Path(root), shard, path):
             problem(text)
     return problems, keys, images, size
+
+
+def _decode_fix(foreign: bool) -> str:
+    """What to do about an image that does not decode: where its source is, and the fix."""
+    if foreign:
+        return ("the member {member} of this tar is damaged: re-create the tar from its source, or convert "
+                "the set with `fastfeed pack --on-error skip` to leave it out")
+    return ("its source file ({member} under the packed SRC, the key being its path there) was damaged before "
+            "packing: replace it and re-run `fastfeed pack --overwrite`, or re-pack with --on-error skip "
+            "to leave it out")
 
 
 def _sha256(path: Path) -> str:
@@ -257,7 +312,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _read_samples(path: Path, fmt: str) -> Any:
+def _read_samples(path: Path | str | Any, fmt: str) -> Any:
     reader = FORMATS[fmt][1](path)
     try:
         yield from reader
@@ -265,11 +320,14 @@ def _read_samples(path: Path, fmt: str) -> Any:
         reader.close()
 
 
-def _locations(path: Path, fmt: str) -> list[tuple[int, int]] | None:
+def _locations(path: Path | str | Any, fmt: str) -> list[tuple[int, int]] | None:
     """Tar: (offset, span) of every sample from its headers; LMDB: None (record numbers)."""
     if fmt == "lmdb":
         return None
-    return scan_tar(path).spans
+    spans = scan_tar(path).spans
+    if not isinstance(path, (str, Path)):
+        path.seek(0)
+    return spans
 
 
 def _int_or_none(raw: bytes) -> int | None:

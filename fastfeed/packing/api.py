@@ -94,7 +94,8 @@ def pack(
             ``datasets.Dataset`` or a ``Dataset.save_to_disk`` folder.
         dst: the output folder (created). Refused when inside ``src`` or when it holds
             something other than an unfinished run of this job, unless ``overwrite``.
-        input: ``imagefolder``, ``files``, ``jsonl``, ``parquet`` or ``hf``; detected when None.
+        input: ``imagefolder``, ``files``, ``jsonl``, ``parquet``, ``hf`` or ``webdataset`` (a folder
+            of tars, converted member by member); detected when None.
         format: ``tar`` (WebDataset, with DALI index files) or ``lmdb``.
         shard_size: target shard size (``"256MB"``, ``"1GiB"``, bytes), estimated from
             the source sizes; ignored when ``samples_per_shard`` is given.

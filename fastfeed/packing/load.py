@@ -25,7 +25,12 @@ from typing import Any, Iterator
 
 from fastfeed.decode import roi
 from fastfeed.errors import BadFileError, SourceError
-from fastfeed.formats.images import decode_errors, looks_like_image, reencode
+from fastfeed.formats.images import (
+    decode_errors,
+    jpeg_truncated,
+    looks_like_image,
+    reencode,
+)
 from fastfeed.formats.naming import is_image
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import (
@@ -121,9 +126,11 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
         if m.path is not None:
             where = m.path
             path = os.path.join(plan.root, m.path)
-            fd = fds.pop(path, None) if fds else None
+            if m.offset is not None:  # a member of a WebDataset tar
+                where = f"{m.path}:{spec.key}.{m.field}"
+            fd = fds.pop(path, None) if fds and m.offset is None else None
             try:
-                data = read_source(path, m.size) if fd is None else _read_open(fd, path, m.size)
+                data = read_source(path, m.size, m.offset) if fd is None else _read_open(fd, path, m.size)
             except (BadFileError, OSError) as e:
                 reason = str(e).removeprefix(f"{show(path)}: ").split("; ")[0]
                 raise Problem(BadFileError, where, reason,
@@ -131,7 +138,7 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
             files += 1
             nbytes += len(data)
             if is_image(m.field):
-                data = check_image(plan, m, data)
+                data = check_image(plan, m._replace(path=where), data)
         elif m.data is not None:
             data = m.data
         else:
@@ -174,6 +181,9 @@ def check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
         except decode_errors() as e:
             raise Problem(BadFileError, m.path or "", f"cannot decode image for --max-side "
                            f"({type(e).__name__}: {e})", "fix or remove the file, or pass --on-error skip") from None
+    if (why := jpeg_truncated(data)) is not None:  # the loader would fail on it hours into training
+        raise Problem(BadFileError, m.path or "", why, "copy or download the file again, remove it, "
+                      "or pass --on-error skip")
     if opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff":
         data = _with_restarts(data)
     return data
@@ -220,7 +230,7 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
 
 
 def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
-    if spec.label >= 0 or plan.kind != "files":
+    if spec.label >= 0 or plan.kind not in ("files", "webdataset"):
         return spec.label
     raw = fields.get("cls")
     if raw is None:
@@ -275,7 +285,7 @@ def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tu
 def _will_need(root: str, spec: SampleSpec, fds: dict[str, int]) -> None:
     """Open the sample's files and ask the kernel to start reading them."""
     for m in spec.members:
-        if m.path is None:
+        if m.path is None or m.offset is not None:  # tar members: read by offset, not whole
             continue
         path = os.path.join(root, m.path)
         try:

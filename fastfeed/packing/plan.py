@@ -99,7 +99,7 @@ class PackOptions:
             raise ConfigError(f"input={input!r}: choose one of {', '.join(INPUTS)} (or leave it out to detect)")
         if format not in FORMATS:
             raise ConfigError(f"format={format!r}: choose one of {', '.join(sorted(FORMATS))}")
-        size = parse_size(shard_size, "shard_size")
+        size = _shard_size(shard_size)
         if samples_per_shard is not None and (not _is_int(samples_per_shard) or samples_per_shard < 1):
             raise ConfigError(f"samples_per_shard={samples_per_shard!r}: must be an integer >= 1")
         if workers in ("auto", 0, None):
@@ -161,6 +161,27 @@ def _table_options(input: str | None, columns: str | Mapping[str, str] | None,
         return None, key
     mapping = parse_columns(columns)
     return ",".join(f"{c}={f}" if f else c for c, f in (mapping or {}).items()), key
+
+
+#: Shard sizes below this are almost always a missing unit (``--shard-size 256``).
+MIN_SHARD_SIZE = 1_000_000
+
+
+def _shard_size(value: str | int) -> int:
+    """``shard_size`` in bytes; a unit-less string below :data:`MIN_SHARD_SIZE` is refused
+    (``256`` is 256 bytes: one sample per shard), an int below it is taken as bytes, logged."""
+    size = parse_size(value, "shard_size")
+    if size >= MIN_SHARD_SIZE:
+        return size
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            return size  # a unit written out: small on purpose
+        raise ConfigError(f"shard_size={value!r} has no unit, so it means {size} bytes (about one sample per "
+                          f"shard); write {value.strip()}MB if you meant megabytes (a size below "
+                          f"{format_bytes(MIN_SHARD_SIZE)} needs its unit, e.g. {value.strip()}KB)")
+    log.warning("shard_size=%r: %s per shard is very small (one or a few samples per shard, one file open "
+                "per sample when reading); the usual size is 256MB", value, format_bytes(size))
+    return size
 
 
 def _is_int(v: Any) -> bool:
@@ -423,6 +444,7 @@ def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pill
         h.update(b"|shard")
         for s in sh.samples:
             h.update(repr((s.key, s.label, [(m.field, m.path, m.size, m.data, m.json_key)
+                                            + (() if m.offset is None else (m.offset,))
                                             for m in s.members])).encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:32]
 

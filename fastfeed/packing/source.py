@@ -39,7 +39,7 @@ __all__ = [
     "text_problem",
 ]
 
-INPUTS = ("imagefolder", "files", "jsonl", "parquet", "hf")
+INPUTS = ("imagefolder", "files", "jsonl", "parquet", "hf", "webdataset")
 #: Inputs read as tables (rows -> samples, see :mod:`fastfeed.packing.parquet`).
 TABLE_INPUTS = ("parquet", "hf")
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
@@ -49,8 +49,9 @@ class Member(NamedTuple):
     """One field of a sample and where its bytes come from.
 
     Exactly one source applies: ``path`` (a file, relative to ``Source.root`` or
-    absolute), ``data`` (inline bytes), or ``json_key`` (that key of the sample's line
-    in the JSONL manifest, re-read when the shard is written).
+    absolute; with ``offset``, the ``size`` bytes at that offset of it: a member of a
+    WebDataset tar), ``data`` (inline bytes), or ``json_key`` (that key of the sample's
+    line in the JSONL manifest, re-read when the shard is written).
     """
 
     field: str
@@ -59,6 +60,7 @@ class Member(NamedTuple):
     mtime_ns: int
     data: bytes | None = None
     json_key: str | None = None
+    offset: int | None = None
 
 
 class SampleSpec(NamedTuple):
@@ -110,6 +112,10 @@ class Problems:
             self.skipped.append({"path": show(where), "key": show(key), "reason": reason})
             return
         self.errors.append(cls(f"{show(os.path.join(self.src, where))}: {reason}; {fix}"))
+
+    def leave_out(self, where: str, reason: str, key: str = "") -> None:
+        """Record an input left out on purpose whatever ``on_error`` (a stray file next to an ImageFolder's images)."""
+        self.skipped.append({"path": show(where), "key": show(key), "reason": reason})
 
     def raise_if_any(self) -> None:
         if not self.errors:

@@ -12,8 +12,13 @@ Three inputs, detected or chosen (``input=``):
   values as JSON (:mod:`fastfeed.packing.manifest` reads it; see
   :func:`~fastfeed.packing.manifest.member_name` for the member names).
 
-Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder whose files all sit
-in sub-folders and all carry image extensions is an ImageFolder; anything else is files.
+Auto-detection: a ``.jsonl``/``.ndjson`` file is a manifest; a folder of tar shards only is
+``webdataset`` (converted member by member, :mod:`fastfeed.packing.wdsource`); a folder whose files all sit
+in sub-folders and carry image extensions is an ImageFolder, also when a few stray
+non-image files (a README, ``Thumbs.db``: at most one per class folder, or 1%) sit among
+them: those are left out and listed in ``Source.skipped``; a folder whose non-image files
+share keys with images (``0001.jpg`` + ``0001.json``), or with no class sub-folders, is
+files; many unrelated non-images among the images are an error that names both ways out.
 
 The source lives in a *tree* (:mod:`fastfeed.packing.tree`): a local folder or an
 object-store prefix (:mod:`fastfeed.packing.srcurl`); :func:`scan` is the one scan over
@@ -62,7 +67,9 @@ from fastfeed.packing.source import (
 )
 from fastfeed.packing.srcurl import UrlTree
 from fastfeed.packing.tree import LocalTree, Tree
+from fastfeed.packing.wdsource import is_tar_source, webdataset_source
 from fastfeed.storage.remote import is_url
+from fastfeed.storage.shardlist import is_shard_name
 
 __all__ = ["probe", "scan"]
 
@@ -70,22 +77,53 @@ log = logging.getLogger("fastfeed.pack")
 
 
 # ---------------------------------------------------------------- folders
-def _detect(files: list[FileEntry], top_dirs: list[str]) -> tuple[str, str]:
-    """Pick ``imagefolder`` or ``files`` for a listed folder; returns (kind, reason)."""
+def _detect(files: list[FileEntry], top_dirs: list[str], where: str) -> tuple[str, str, frozenset[str]]:
+    """Pick ``imagefolder`` or ``files`` for a listed folder: (kind, reason, stray files).
+
+    An ImageFolder may hold a few stray non-image files in its class folders (a README, a
+    ``Thumbs.db``): they are returned, to be left out and reported. A non-image file that
+    shares its key with an image (``0001.jpg`` + ``0001.json``) makes samples of several
+    files: ``files``. Many unrelated non-images next to the images are neither: SourceError.
+    """
     if not top_dirs:
-        return "files", "no class sub-folders"
+        return "files", "no class sub-folders", frozenset()
+    nested: list[str] = []
     for f in files:
-        base = f.rel.rpartition("/")[2]
-        image = "." in base and is_image(base)
-        if "/" not in f.rel:
-            if image:
-                return "files", f"image {show(f.rel)} sits at the top level"
-        elif not image:
-            return "files", f"{show(f.rel)} is not an image"
-    return "imagefolder", "every file sits in a class folder and is an image"
+        if "/" in f.rel:
+            nested.append(f.rel)
+        elif _image_name(f.rel):
+            return "files", f"image {show(f.rel)} sits at the top level", frozenset()
+    others = [r for r in nested if not _image_name(r)]
+    if not others:
+        return "imagefolder", "every file sits in a class folder and is an image", frozenset()
+    image_keys = {_key_of(r) for r in nested if _image_name(r)}
+    if not image_keys:
+        return "files", f"no images in the sub-folders ({show(others[0])}, ...)", frozenset()
+    paired = next((r for r in others if _key_of(r) in image_keys), None)
+    if paired is not None:
+        return "files", f"{show(paired)} shares its key with an image (samples of several files)", frozenset()
+    if len(others) <= max(len(top_dirs), len(nested) // 100):
+        return "imagefolder", f"images in class folders, {len(others)} stray non-image file(s)", frozenset(others)
+    shown = ", ".join(show(r) for r in others[:3])
+    raise SourceError(
+        f"{show(where)}: not an ImageFolder: {len(others)} of {len(nested)} files in its sub-folders are not "
+        f"images (e.g. {shown}) and share no key with an image; pass --input imagefolder --on-error skip to "
+        "pack the images with their class labels and leave the rest out (listed in skipped.txt), or --input "
+        "files to pack every file as a sample of its own (labels then come only from .cls files)")
 
 
-def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], problems: Problems) -> Source:
+def _image_name(rel: str) -> bool:
+    base = rel.rpartition("/")[2]
+    return "." in base and is_image(base)
+
+
+def _key_of(rel: str) -> str:
+    parts = split_key(rel)
+    return parts[0] if parts is not None else rel
+
+
+def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], problems: Problems,
+                 strays: frozenset[str] = frozenset()) -> Source:
     classes = tuple(sorted(top_dirs))
     index = {c: i for i, c in enumerate(classes)}
     candidates: dict[str, list[tuple[FileEntry, str]]] = defaultdict(list)
@@ -93,6 +131,10 @@ def _imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], proble
     for f in files:
         if "/" not in f.rel:
             ignored.append(f.rel)
+            continue
+        if f.rel in strays:
+            problems.leave_out(f.rel, "not an image: a stray file in a class folder of an ImageFolder "
+                               "(pass --input files to pack every file)")
             continue
         folder, _, base = f.rel.rpartition("/")
         stem, dot, ext = base.rpartition(".")
@@ -221,7 +263,9 @@ def probe(src: Source, tree: Tree, problems: Problems, threads: int = 8) -> None
     def head(m: Member) -> str | None:
         try:
             with tree.open(m.path or "") as f:
-                data = f.read(32)
+                if m.offset is not None:  # a member of a WebDataset tar
+                    f.seek(m.offset)
+                data = f.read(min(32, m.size) if m.offset is not None else 32)
         except OSError as e:
             return f"cannot read ({e.strerror})"
         if looks_like_image(data, m.field):
@@ -234,7 +278,8 @@ def probe(src: Source, tree: Tree, problems: Problems, threads: int = 8) -> None
     for (i, m), why in zip(todo, results):
         if why is not None and i not in bad:
             bad.add(i)
-            problems.report(BadFileError, m.path or "", why, "fix or remove the file", src.samples[i].key)
+            where = (m.path or "") if m.offset is None else f"{m.path}:{src.samples[i].key}.{m.field}"
+            problems.report(BadFileError, where, why, "fix or remove the file", src.samples[i].key)
     if bad:
         src.samples = [s for i, s in enumerate(src.samples) if i not in bad]
 
@@ -246,7 +291,7 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
 
     Args:
         src: an ImageFolder or files folder (or prefix), or a JSONL manifest.
-        input: ``imagefolder``, ``files``, ``jsonl``, or None to detect.
+        input: ``imagefolder``, ``files``, ``jsonl``, ``webdataset`` (a folder of tars), or None to detect.
         on_error: ``raise`` raises the first problem; ``skip`` records it in ``Source.skipped``.
         length: ``pack --length`` (checked for presence here; read when writing).
 
@@ -263,14 +308,26 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
     else:
         files, top_dirs, ignored = tree.list(problems)
         kind = input
+        strays: frozenset[str] = frozenset()
+        if kind is None and is_tar_source(files):
+            kind = "webdataset"
+            log.info("%s: packing as webdataset (every file is a tar shard: converted member by member)",
+                     show(tree.shown))
         if kind is None:
-            kind, why = _detect(files, top_dirs)
+            kind, why, strays = _detect(files, top_dirs, tree.shown)
             log.info("%s: packing as %s (%s)", show(tree.shown), kind, why)
+        if strays:
+            log.warning("%s: packing as an ImageFolder; %d stray non-image file(s) in its class folders are "
+                        "left out (listed in skipped.txt): %s; pass --input files to pack every file instead",
+                        show(tree.shown), len(strays), ", ".join(show(p) for p in sorted(strays)[:5]))
         if kind == "imagefolder":
-            source = _imagefolder(tree, files, top_dirs, problems)
+            source = _imagefolder(tree, files, top_dirs, problems, strays)
+        elif kind == "webdataset":
+            source = webdataset_source(tree, files, problems)
         else:
             source = _files(tree, files, problems)
-        if source.ignored:
+            _warn_tars(tree, files)
+        if source.ignored and kind == "imagefolder":
             log.warning("%s: %d file(s) at the top level of an ImageFolder are not samples: %s",
                         show(tree.shown), len(source.ignored), ", ".join(show(p) for p in source.ignored[:5]))
         if ignored:
@@ -279,6 +336,15 @@ def scan(src: str | os.PathLike[str], *, input: str | None, on_error: str,
         source.ignored = ignored + source.ignored
     where = tree.shown if manifest is None else tree.path(manifest)
     return _finish(source, tree, problems, where, on_error, length, probe_threads)
+
+
+def _warn_tars(tree: Tree, files: list[FileEntry]) -> None:
+    """Tars among other files are packed whole (one ``tar`` field); say how to convert them instead."""
+    tars = [f.rel for f in files if is_shard_name(f.rel)]
+    if tars:
+        log.warning("%s: %d tar file(s) such as %s are packed whole, one sample each (field 'tar'); a folder "
+                    "holding only WebDataset tars is converted member by member (--input webdataset)",
+                    show(tree.shown), len(tars), show(tars[0]))
 
 
 def _locate(src: str | os.PathLike[str]) -> tuple[Tree, str | None]:

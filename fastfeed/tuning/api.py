@@ -285,11 +285,11 @@ def tune(
         >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
     """
     from fastfeed.decode.fields import is_image
-    from fastfeed.packed.index import DatasetIndex
+    from fastfeed.packed.reader import resolve_index
 
     if plot is not None:
         require_plot(plot)  # before measuring for the whole budget
-    index = DatasetIndex.load(path)
+    index = resolve_index(path)  # what the loader accepts: a packed dataset, or WebDataset tars
     chosen = resolve_defaults(has_images=any(is_image(f) for f in index.fields), batch_size=batch_size,
                               image_size=image_size, decode=decode)
     batch_size, image_size = chosen.batch_size, chosen.image_size

@@ -88,10 +88,10 @@ def test_image_decode_failure_with_max_side(tmp_path: Path) -> None:
         pack(src, tmp_path / "o", max_side=32)
     pack(src, tmp_path / "o2", max_side=32, on_error="skip")
     _check_skipped(tmp_path / "o2", {"c1/truncated.jpg"}, "cannot decode image", 8)
-    # without --max-side nothing decodes while packing, and verify finds the damage
-    pack(src, tmp_path / "o3")
-    report = fastfeed.verify(tmp_path / "o3")
-    assert not report.ok and "c1/truncated" in report.problems[0] and "does not decode" in report.problems[0]
+    # without --max-side the JPEG's missing end-of-image marker finds it (it used to pass, for verify
+    # or training to find); verify naming a damaged source file: test_pack_daycase.py
+    with pytest.raises(BadFileError, match=r"c1/truncated.jpg: truncated JPEG"):
+        pack(src, tmp_path / "o3")
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
@@ -250,7 +250,10 @@ def test_non_image_in_imagefolder_and_file_without_extension(tmp_path: Path) -> 
     (src / "c0" / "notes.txt").write_text("hi")
     with pytest.raises(BadFileError, match=r"c0/notes.txt: not an image file in an ImageFolder; remove it"):
         pack(src, tmp_path / "o", input="imagefolder")
-    assert pack(src, tmp_path / "o2").input == "files"  # detection: not an ImageFolder
+    # detection: an ImageFolder with one stray file, left out and reported (was: files, labels lost)
+    detected = pack(src, tmp_path / "o2")
+    assert detected.input == "imagefolder" and detected.classes is not None
+    assert [d["path"] for d in detected.skipped] == ["c0/notes.txt"]
     (src / "c0" / "LICENSE").write_text("x")
     with pytest.raises(BadFileError, match=r"c0/LICENSE: no usable extension .*KEY.EXT"):
         pack(src, tmp_path / "o3", input="files")
