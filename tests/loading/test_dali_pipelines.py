@@ -80,6 +80,8 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 @pytest.fixture(scope="module")
 def reference(dali: Any, packed: Path) -> dict[int, list[Any]]:
     """One pipeline's batches of epochs 0..4 (epochs run back to back, then set_epoch(4))."""
+    gc.collect()  # module-scoped, so before _isolated: no pipeline parked by an earlier test module
+    release_parked()
     dl = _loader(packed, 1)
     out = {e: _batches(dl) for e in range(3)}
     dl.set_epoch(4)
