@@ -34,6 +34,7 @@ import numpy as np
 
 from fastfeed import __version__
 from fastfeed._util import format_bytes, parse_size
+from fastfeed.decode import roi
 from fastfeed.errors import ConfigError, DestinationError
 from fastfeed.formats import FORMATS
 from fastfeed.packed.index import INDEX_NAME, atomic_write_bytes
@@ -71,14 +72,14 @@ class PackOptions:
     length: str | None = None
     on_error: str = "fail"
     overwrite: bool = False
-    jpeg_restarts: bool = False
+    jpeg_restarts: bool = False  # create() resolves the default (on when fastfeed._jpegroi is built)
 
     @classmethod
     def create(cls, *, input: str | None = None, format: str = "tar",
                shard_size: str | int = "256MB", samples_per_shard: int | None = None,
                workers: int | str = 1, shuffle: bool = True, seed: int = 0,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "fail", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
+               on_error: str = "fail", overwrite: bool = False, jpeg_restarts: bool | None = None) -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
         if input in ("auto", ""):
             input = None
@@ -103,14 +104,7 @@ class PackOptions:
             parse_length(length)
         if on_error not in ("fail", "skip"):
             raise ConfigError(f"on_error={on_error!r}: choose fail or skip")
-        if jpeg_restarts:
-            from fastfeed.decode import roi
-
-            if not roi.available():
-                raise ConfigError("jpeg_restarts=True needs fastfeed's optional C extension fastfeed._jpegroi, "
-                                  "which is not built here: reinstall fastfeed from source with a C compiler and "
-                                  "libjpeg-turbo's headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
-                                  "or leave jpeg_restarts off")
+        jpeg_restarts = _jpeg_restarts(jpeg_restarts)
         return cls(input, format, size, None if samples_per_shard is None else int(samples_per_shard),
                    int(workers), bool(shuffle), int(seed), None if max_side is None else int(max_side),
                    int(quality), length, on_error, bool(overwrite), bool(jpeg_restarts))
@@ -124,6 +118,27 @@ class PackOptions:
             "length": self.length, "on_error": self.on_error,
             **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
         }
+
+
+_RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
+                 "apt-get install gcc libturbojpeg0-dev; pip install --force-reinstall --no-deps --no-binary fastfeed "
+                 "fastfeed)")
+
+
+def _jpeg_restarts(asked: bool | None) -> bool:
+    """``None`` (the default): restart markers when ``fastfeed._jpegroi`` is built, else
+    none and one warning; ``True`` without the extension is an error."""
+    if asked is None:
+        if roi.built():
+            return True
+        log.warning("pack: JPEGs stored as they are, without restart markers (fastfeed._jpegroi is not built); "
+                    "random crops of these shards then decode the whole JPEG, about 1.6x the loader's CPU per "
+                    "image; %s", _RESTARTS_FIX)
+        return False
+    if asked and not roi.built():
+        raise ConfigError(f"jpeg_restarts=True needs fastfeed's C extension fastfeed._jpegroi, which is not built "
+                          f"here: {_RESTARTS_FIX}; or pass jpeg_restarts=False (--no-jpeg-restarts)")
+    return bool(asked)
 
 
 def _is_int(v: Any) -> bool:
