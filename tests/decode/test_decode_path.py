@@ -30,6 +30,7 @@ import fastfeed.cli
 from fastfeed.decode import path as path_mod
 from fastfeed.decode import roi
 from fastfeed.decode.image import ImageDecoder, decode_path, turbo_available
+from fastfeed.errors import SampleError
 from tools.synth import make_image_folder, make_jpeg
 
 from _pack_data import messy_images, shard_samples, write_messy_folder
@@ -75,6 +76,46 @@ def test_restart_cut_gives_the_pixels_of_the_whole_decode(subsampling: int, orie
             cut.decode_into(data, a, box, flip=True)
             whole.decode_into(data, b, box, flip=True)
             assert np.array_equal(a, b), (out, t, l, h, w)
+
+
+@needs_ext
+@needs_turbo
+@pytest.mark.parametrize("kind", ["gray", "progressive-source", "odd-size"])
+def test_restart_cut_handles_gray_progressive_and_odd_sizes(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    im = Image.open(io.BytesIO(make_jpeg(rng, (97, 61) if kind == "odd-size" else (300, 200), quality=95)))
+    buf = io.BytesIO()
+    (im.convert("L") if kind == "gray" else im).save(buf, format="JPEG", quality=90,
+                                                      progressive=kind == "progressive-source")
+    data = roi.add_restarts(buf.getvalue())
+    assert roi.cut_restarts(data, 1, (20, 20, 30, 30)) is not None
+    cut, whole = _decoder(ext=False, cut=True), _decoder(ext=False, cut=False)
+    for out in (48, 16, 8):
+        a, b = np.empty((out, out, 3), np.uint8), np.empty((out, out, 3), np.uint8)
+        cut.decode_into(data, a, lambda H, W: (H // 4, W // 3, H // 2, W // 2), flip=False)
+        whole.decode_into(data, b, lambda H, W: (H // 4, W // 3, H // 2, W // 2), flip=False)
+        assert np.array_equal(a, b), out
+
+
+@needs_ext
+@needs_turbo
+def test_restart_cut_of_corrupt_data_fails_as_the_whole_decode_does() -> None:
+    data = bytearray(_with_restarts((320, 240), seed=3))
+    truncated = bytes(data[: len(data) * 2 // 3])
+    data[len(data) // 2: len(data) // 2 + 400] = bytes(400)  # zeroed entropy data, markers gone
+    cut, whole = _decoder(ext=False, cut=True), _decoder(ext=False, cut=False)
+    for bad in (bytes(data), truncated):
+        outcomes = []
+        for dec in (cut, whole):
+            dst = np.empty((64, 64, 3), np.uint8)
+            try:
+                dec.decode_into(bad, dst, lambda H, W: (H // 3, W // 3, H // 2, W // 2), flip=False)
+                outcomes.append(dst.copy())
+            except SampleError:
+                outcomes.append(None)
+        assert (outcomes[0] is None) == (outcomes[1] is None)
+        if outcomes[0] is not None:
+            assert np.array_equal(outcomes[0], outcomes[1])
 
 
 @needs_ext
