@@ -51,7 +51,7 @@ def turbo_available() -> bool:
 
 # CPU per image of each path relative to the default one (simplejpeg + OpenCV + the
 # extension on restart-marked JPEGs), RandomResizedCrop 224 of ~500x375 q90 JPEGs on one
-# core; measured by benchmarks/decode_paths.py (figures in benchmarks/RESULTS.md).
+# core; measured by benchmarks/decode_per_core.py (figures in benchmarks/RESULTS.md, issue 17).
 _COST_PY_CUT = "about 1.3x"
 _COST_FULL = "about 1.6x"
 _COST_PILLOW = "about 3x"

@@ -304,6 +304,23 @@ class RestartCut:
     left: int
 
 
+def _span(start: int, size: int, seg: int, count: int) -> tuple[int, int]:
+    """The segments ``[first, end)`` of one axis a sub-image needs for pixels ``[start, start + size)``.
+
+    Two pixels of context on each side: fancy upsampling reads the neighbouring chroma
+    sample, so only a sub-image's outermost pixels differ from the whole image's. At
+    least 3 segments (or all there are): libjpeg upsamples a component only 2 samples
+    wide or high without the fancy filter, which would change every pixel.
+    """
+    first, end = max(0, start - 2) // seg, min(count, -(-(start + size + 2) // seg))
+    while end - first < 3 and (first > 0 or end < count):
+        if end < count:
+            end += 1
+        else:
+            first -= 1
+    return first, end
+
+
 def cut_restarts(data: bytes | memoryview, denom: int, rect: tuple[int, int, int, int]) -> RestartCut | None:
     """A smaller JPEG holding only the restart segments that cover ``rect``.
 
@@ -334,8 +351,8 @@ def cut_restarts(data: bytes | memoryview, denom: int, rect: tuple[int, int, int
     if not sw or not sh:
         return None
     top, left, height, width = rect
-    c0, c1 = max(0, left // sw - 1), min(segs_row, -(-(left + width) // sw) + 1)
-    r0, r1 = max(0, top // sh - 1), min(rows, -(-(top + height) // sh) + 1)
+    c0, c1 = _span(left, width, sw, segs_row)
+    r0, r1 = _span(top, height, sh, rows)
     if c0 >= c1 or r0 >= r1 or (r0 == 0 and c0 == 0 and c1 == segs_row):
         return None
     sub_w = min(c1 * f.restart_interval * f.mcu_w, f.width) - c0 * f.restart_interval * f.mcu_w

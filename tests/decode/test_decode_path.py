@@ -80,6 +80,33 @@ def test_restart_cut_gives_the_pixels_of_the_whole_decode(subsampling: int, orie
 
 @needs_ext
 @needs_turbo
+@pytest.mark.parametrize("subsampling", [0, 1, 2])
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_restart_cut_of_thin_crops_at_segment_edges(subsampling: int, denom: int) -> None:
+    """1-2 pixel crops on and next to segment boundaries and the image's edges: the
+    sub-image's context (and libjpeg's plain upsampling of tiny components) must not show."""
+    import simplejpeg
+
+    data = _with_restarts((361, 245), seed=40 + subsampling, subsampling=subsampling)
+    sh, sw = -(-245 // denom), -(-361 // denom)
+    whole = simplejpeg.decode_jpeg(data, "RGB", fastdct=True, min_height=sh, min_width=sw)
+    seg = max(1, 16 // denom)
+    cols = sorted({min(sw - 1, max(0, c)) for k in range(0, sw + seg, seg) for c in (k - 1, k, k + 1)})
+    rows = sorted({min(sh - 1, max(0, r)) for k in range(0, sh + seg, seg) for r in (k - 1, k)})[::3]
+    for y in rows:
+        for x in cols:
+            h, w = min(2, sh - y), min(1 + (x % 2), sw - x)
+            cut = roi.cut_restarts(data, denom, (y, x, h, w))
+            if cut is None:
+                continue
+            sub = simplejpeg.decode_jpeg(cut.jpeg, "RGB", fastdct=True, min_height=-(-cut.height // denom),
+                                         min_width=-(-cut.width // denom))
+            assert np.array_equal(sub[cut.top: cut.top + h, cut.left: cut.left + w], whole[y: y + h, x: x + w]), \
+                (y, x, h, w)
+
+
+@needs_ext
+@needs_turbo
 @pytest.mark.parametrize("kind", ["gray", "progressive-source", "odd-size"])
 def test_restart_cut_handles_gray_progressive_and_odd_sizes(kind: str) -> None:
     rng = np.random.default_rng(7)
