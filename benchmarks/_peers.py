@@ -13,8 +13,11 @@ name                   pipeline
 =====================  ===========================================================
 fastfeed               ``fastfeed.loader`` over ``fastfeed pack`` tar shards (its
                        defaults: restart markers where ``fastfeed._jpegroi`` is built)
-fastfeed-noext         the same, ``fastfeed._jpegroi`` hidden (no compiler at install)
-fastfeed-pillow        the same, simplejpeg and OpenCV hidden (Pillow decode)
+fastfeed-nocompiler    ``fastfeed pack --no-jpeg-restarts`` shards (what pack writes
+                       without ``fastfeed._jpegroi``), the extension hidden: an install
+                       without a C compiler or libjpeg-turbo headers
+fastfeed-noext         default shards, ``fastfeed._jpegroi`` hidden (restart cut in Python)
+fastfeed-pillow        default shards, simplejpeg and OpenCV hidden (Pillow decode)
 imagefolder            torchvision ``ImageFolder`` (PIL decode, its default) +
                        ``transforms.RandomResizedCrop/RandomHorizontalFlip/PILToTensor``
                        + ``DataLoader(shuffle=True)``: the PyTorch ImageNet example
@@ -84,10 +87,10 @@ def _shutdown(dl: Any) -> None:
 
 
 # ---------------------------------------------------------------------- fastfeed
-def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
+def fastfeed_loader(data: dict[str, Path], s: Setup, shards: str = "fastfeed") -> Built:
     import fastfeed
 
-    ff = data["fastfeed"]
+    ff = data[shards]
     dl = fastfeed.loader(str(ff), batch_size=s.batch_size, image_size=s.image_size,
                          num_workers=s.workers, prefetch_factor=s.prefetch if s.workers else None,
                          shuffle=True, seed=s.seed, pin_memory=False)
@@ -103,7 +106,7 @@ def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
 
     index = json.loads((ff / "index.json").read_text())
     packed = "restart markers" if index.get("options", {}).get("jpeg_restarts") else "plain JPEGs"
-    return Built("fastfeed", f"fastfeed.loader over default `fastfeed pack` tar shards ({packed}); "
+    return Built("fastfeed", f"fastfeed.loader over `fastfeed pack` tar shards ({packed}); "
                  f"{decode_path().message}", [ff], one_epoch, lambda: _shutdown(dl))
 
 
@@ -229,8 +232,11 @@ def ffcv_loader(data: dict[str, Path], s: Setup) -> Built:
 #: name -> (builder, data key it needs)
 BUILDERS: dict[str, tuple[Callable[[dict[str, Path], Setup], Built], str]] = {
     "fastfeed": (fastfeed_loader, "fastfeed"),
-    # the same loader on the same shards with a library hidden from it (issue 17's fallbacks;
-    # the child process blocks the import, see loader_cpu.HIDDEN)
+    # the same loader with a library hidden from it (issue 17's fallbacks; the child process
+    # blocks the import, see loader_cpu.HIDDEN): no compiler at install (pack then writes
+    # plain JPEGs, the same shards WebDataset reads), default shards loaded without the
+    # extension, and no simplejpeg/OpenCV
+    "fastfeed-nocompiler": (lambda data, s: fastfeed_loader(data, s, "wds"), "wds"),
     "fastfeed-noext": (fastfeed_loader, "fastfeed"),
     "fastfeed-pillow": (fastfeed_loader, "fastfeed"),
     "imagefolder": (imagefolder_pil, "folder"),

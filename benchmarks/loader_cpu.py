@@ -8,10 +8,10 @@ horizontal flip -> one uint8 batch of 256) and the same number of worker process
   markers, the same pixels losslessly re-coded so a crop decodes only its blocks, where
   ``fastfeed._jpegroi`` is built; ``--no-jpeg-restarts``: the source bytes), with the
   default install's decode path;
-- ``fastfeed-noext``, ``fastfeed-pillow`` (only when named in ``--peers``): the same
-  loader and shards with ``fastfeed._jpegroi``, resp. simplejpeg and OpenCV, hidden from
-  the measuring process (what an install without a compiler, resp. without those
-  libraries, gets);
+- ``fastfeed-nocompiler``, ``fastfeed-noext``, ``fastfeed-pillow`` (only when named in
+  ``--peers``; page cache warm only: they are CPU-bound): the same loader with
+  ``fastfeed._jpegroi``, resp. simplejpeg and OpenCV, hidden from the measuring process;
+  ``-nocompiler`` reads the plain pack, as an install without a C compiler packs it;
 - ``imagefolder``: torchvision ``ImageFolder`` + ``DataLoader`` with PIL (torchvision's
   default), and ``imagefolder-tvio`` with ``torchvision.io.decode_image`` (its fast path);
 - ``webdataset``: ``WebDataset`` + ``WebLoader`` over the same tar shards (same bytes);
@@ -70,9 +70,10 @@ from _peers import BUILDERS, Setup, samples_per_shard, write_beton  # noqa: E402
 # the ImageFolder goal holds against both of its variants (PIL, torchvision.io)
 GOALS = {"imagefolder": 3.0, "imagefolder-tvio": 3.0, "webdataset": 2.0, "ffcv": 1.0}
 PEERS = ("fastfeed", "imagefolder", "imagefolder-tvio", "webdataset", "ffcv")
-EXTRA_PEERS = ("fastfeed-noext", "fastfeed-pillow")
+EXTRA_PEERS = ("fastfeed-nocompiler", "fastfeed-noext", "fastfeed-pillow")
 #: imports a measuring child blocks (``sys.modules[name] = None``) for a fallback peer
-HIDDEN = {"fastfeed-noext": ("fastfeed._jpegroi",), "fastfeed-pillow": ("simplejpeg", "cv2")}
+HIDDEN = {"fastfeed-nocompiler": ("fastfeed._jpegroi",), "fastfeed-noext": ("fastfeed._jpegroi",),
+          "fastfeed-pillow": ("simplejpeg", "cv2")}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -130,7 +131,7 @@ def _prepare(kind: str, args: argparse.Namespace, peers: list[str]) -> dict[str,
     n = args.images if kind == "synth" else args.real_images
     data = {"folder": folder}
     per_shard = samples_per_shard(n, args.workers)
-    if "webdataset" in peers:  # the same shards fastfeed reads, unless those have restart markers
+    if "webdataset" in peers or "fastfeed-nocompiler" in peers:  # the plain pack
         data["wds"] = pack_once(folder, samples_per_shard=per_shard)
     if any(p.startswith("fastfeed") for p in peers):
         data["fastfeed"] = pack_once(folder, samples_per_shard=per_shard, jpeg_restarts=args.jpeg_restarts)
@@ -194,7 +195,7 @@ def run_dataset(kind: str, args: argparse.Namespace, peers: list[str], env: dict
     for rep in range(args.repeat):
         for cache in args.caches:
             for name in peers:
-                if BUILDERS[name][1] not in data:
+                if BUILDERS[name][1] not in data or (name in EXTRA_PEERS and cache != "warm"):
                     continue
                 log(f"{kind} {cache} {name} (run {rep + 1}/{args.repeat})")
                 got = _run_child(name, kind, cache, data, args)
