@@ -143,10 +143,16 @@ def replicated_sample(num_images: int = 2_000, *, src: Path = SHARED_SAMPLE) -> 
     return _publish(tmp, root, recipe)
 
 
-def pack_once(src: Path, *, samples_per_shard: int, fmt: str = "tar", jpeg_restarts: bool = False) -> Path:
-    """``fastfeed pack`` of ``src`` next to it (``<src>.ff-<fmt>-<n>[-rst]``); reused when complete."""
-    import fastfeed
+def pack_once(src: Path, *, samples_per_shard: int, fmt: str = "tar", jpeg_restarts: bool | None = False) -> Path:
+    """``fastfeed pack`` of ``src`` next to it (``<src>.ff-<fmt>-<n>[-rst]``); reused when complete.
 
+    ``jpeg_restarts=None``: pack's default (restart markers where ``fastfeed._jpegroi`` is built).
+    """
+    import fastfeed
+    from fastfeed.decode import roi
+
+    if jpeg_restarts is None:
+        jpeg_restarts = roi.built()
     dst = src.with_name(f"{src.name}.ff-{fmt}-{samples_per_shard}" + ("-rst" if jpeg_restarts else ""))
     t0 = time.perf_counter()
     fastfeed.pack(src, dst, format=fmt, samples_per_shard=samples_per_shard,

@@ -11,7 +11,13 @@ ratio 3/4-4/3) -> random horizontal flip -> one uint8 ``B x 3 x 224 x 224`` batc
 =====================  ===========================================================
 name                   pipeline
 =====================  ===========================================================
-fastfeed               ``fastfeed.loader`` over ``fastfeed pack`` tar shards
+fastfeed               ``fastfeed.loader`` over ``fastfeed pack`` tar shards (its
+                       defaults: restart markers where ``fastfeed._jpegroi`` is built)
+fastfeed-nocompiler    ``fastfeed pack --no-jpeg-restarts`` shards (what pack writes
+                       without ``fastfeed._jpegroi``), the extension hidden: an install
+                       without a C compiler or libjpeg-turbo headers
+fastfeed-noext         default shards, ``fastfeed._jpegroi`` hidden (restart cut in Python)
+fastfeed-pillow        default shards, simplejpeg and OpenCV hidden (Pillow decode)
 imagefolder            torchvision ``ImageFolder`` (PIL decode, its default) +
                        ``transforms.RandomResizedCrop/RandomHorizontalFlip/PILToTensor``
                        + ``DataLoader(shuffle=True)``: the PyTorch ImageNet example
@@ -81,10 +87,10 @@ def _shutdown(dl: Any) -> None:
 
 
 # ---------------------------------------------------------------------- fastfeed
-def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
+def fastfeed_loader(data: dict[str, Path], s: Setup, shards: str = "fastfeed") -> Built:
     import fastfeed
 
-    ff = data["fastfeed"]
+    ff = data[shards]
     dl = fastfeed.loader(str(ff), batch_size=s.batch_size, image_size=s.image_size,
                          num_workers=s.workers, prefetch_factor=s.prefetch if s.workers else None,
                          shuffle=True, seed=s.seed, pin_memory=False)
@@ -96,16 +102,12 @@ def fastfeed_loader(data: dict[str, Path], s: Setup) -> Built:
         epoch += 1
         return iter(dl)
 
-    from fastfeed.decode import roi
-    from fastfeed.decode.image import turbo_available
+    from fastfeed.decode.image import decode_path
 
-    backend = "simplejpeg+OpenCV (DCT-scaled)" if turbo_available() else "Pillow (draft)"
-    if turbo_available() and roi.available():
-        backend = "libjpeg-turbo crop-only decode (fastfeed._jpegroi, DCT-scaled)+OpenCV"
-        if data["fastfeed"].name.endswith("-rst"):
-            backend += "; shards packed with --jpeg-restarts (crops decode only their blocks)"
-    return Built("fastfeed", f"fastfeed.loader over pack tar shards, decode {backend}",
-                 [ff], one_epoch, lambda: _shutdown(dl))
+    index = json.loads((ff / "index.json").read_text())
+    packed = "restart markers" if index.get("options", {}).get("jpeg_restarts") else "plain JPEGs"
+    return Built("fastfeed", f"fastfeed.loader over `fastfeed pack` tar shards ({packed}); "
+                 f"{decode_path().message}", [ff], one_epoch, lambda: _shutdown(dl))
 
 
 # ---------------------------------------------------------------------- torchvision
@@ -230,6 +232,13 @@ def ffcv_loader(data: dict[str, Path], s: Setup) -> Built:
 #: name -> (builder, data key it needs)
 BUILDERS: dict[str, tuple[Callable[[dict[str, Path], Setup], Built], str]] = {
     "fastfeed": (fastfeed_loader, "fastfeed"),
+    # the same loader with a library hidden from it (issue 17's fallbacks; the child process
+    # blocks the import, see loader_cpu.HIDDEN): no compiler at install (pack then writes
+    # plain JPEGs, the same shards WebDataset reads), default shards loaded without the
+    # extension, and no simplejpeg/OpenCV
+    "fastfeed-nocompiler": (lambda data, s: fastfeed_loader(data, s, "wds"), "wds"),
+    "fastfeed-noext": (fastfeed_loader, "fastfeed"),
+    "fastfeed-pillow": (fastfeed_loader, "fastfeed"),
     "imagefolder": (imagefolder_pil, "folder"),
     "imagefolder-tvio": (imagefolder_tvio, "folder"),
     "webdataset": (webdataset_loader, "wds"),

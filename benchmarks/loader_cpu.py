@@ -4,9 +4,14 @@ In one run, on the same images, the same pipeline (decode -> RandomResizedCrop 2
 horizontal flip -> one uint8 batch of 256) and the same number of worker processes
 (FFCV: decode threads), this script measures
 
-- ``fastfeed``: ``fastfeed.loader`` over ``fastfeed pack`` tar shards (``--jpeg-restarts``:
-  packed with ``fastfeed pack --jpeg-restarts``, the same pixels losslessly re-coded so a
-  crop decodes only its blocks);
+- ``fastfeed``: ``fastfeed.loader`` over default ``fastfeed pack`` tar shards (restart
+  markers, the same pixels losslessly re-coded so a crop decodes only its blocks, where
+  ``fastfeed._jpegroi`` is built; ``--no-jpeg-restarts``: the source bytes), with the
+  default install's decode path;
+- ``fastfeed-nocompiler``, ``fastfeed-noext``, ``fastfeed-pillow`` (only when named in
+  ``--peers``; page cache warm only: they are CPU-bound): the same loader with
+  ``fastfeed._jpegroi``, resp. simplejpeg and OpenCV, hidden from the measuring process;
+  ``-nocompiler`` reads the plain pack, as an install without a C compiler packs it;
 - ``imagefolder``: torchvision ``ImageFolder`` + ``DataLoader`` with PIL (torchvision's
   default), and ``imagefolder-tvio`` with ``torchvision.io.decode_image`` (its fast path);
 - ``webdataset``: ``WebDataset`` + ``WebLoader`` over the same tar shards (same bytes);
@@ -65,6 +70,10 @@ from _peers import BUILDERS, Setup, samples_per_shard, write_beton  # noqa: E402
 # the ImageFolder goal holds against both of its variants (PIL, torchvision.io)
 GOALS = {"imagefolder": 3.0, "imagefolder-tvio": 3.0, "webdataset": 2.0, "ffcv": 1.0}
 PEERS = ("fastfeed", "imagefolder", "imagefolder-tvio", "webdataset", "ffcv")
+EXTRA_PEERS = ("fastfeed-nocompiler", "fastfeed-noext", "fastfeed-pillow")
+#: imports a measuring child blocks (``sys.modules[name] = None``) for a fallback peer
+HIDDEN = {"fastfeed-nocompiler": ("fastfeed._jpegroi",), "fastfeed-noext": ("fastfeed._jpegroi",),
+          "fastfeed-pillow": ("simplejpeg", "cv2")}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -73,11 +82,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--datasets", default="synth,real", help="synth, real or both (comma list)")
     p.add_argument("--images", type=int, default=10_000, help="generated JPEGs (>= 10,000 for the goal)")
     p.add_argument("--real-images", type=int, default=3_000, help="copies of the 47 real photos")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS + EXTRA_PEERS)}")
     p.add_argument("--caches", default="warm,cold", help="warm, cold or both")
-    p.add_argument("--jpeg-restarts", action="store_true",
-                   help="fastfeed's shards packed with --jpeg-restarts (lossless: the same pixels; its crops "
-                        "decode only their blocks); WebDataset keeps reading the plain pack of the same images")
+    p.add_argument("--jpeg-restarts", action=argparse.BooleanOptionalAction, default=None,
+                   help="fastfeed's shards with (or --no-: without) restart markers; default: fastfeed pack's "
+                        "default (on where fastfeed._jpegroi is built). WebDataset reads the plain pack")
     p.add_argument("--workers", type=int, default=cpu_count(), help="worker processes for every loader")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor of the torch DataLoaders")
@@ -94,9 +103,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.images, args.real_images, args.time = 2_000, 1_000, 6.0
     args.peers = [x for x in args.peers.split(",") if x]
-    unknown = set(args.peers) - set(PEERS)
+    unknown = set(args.peers) - set(PEERS + EXTRA_PEERS)
     if unknown:
-        p.error(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
+        p.error(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS + EXTRA_PEERS)}")
     args.caches = [x for x in args.caches.split(",") if x]
     args.datasets = [x for x in args.datasets.split(",") if x]
     return args
@@ -122,9 +131,9 @@ def _prepare(kind: str, args: argparse.Namespace, peers: list[str]) -> dict[str,
     n = args.images if kind == "synth" else args.real_images
     data = {"folder": folder}
     per_shard = samples_per_shard(n, args.workers)
-    if "webdataset" in peers:  # the same shards fastfeed reads, unless those have restart markers
+    if "webdataset" in peers or "fastfeed-nocompiler" in peers:  # the plain pack
         data["wds"] = pack_once(folder, samples_per_shard=per_shard)
-    if "fastfeed" in peers:
+    if any(p.startswith("fastfeed") for p in peers):
         data["fastfeed"] = pack_once(folder, samples_per_shard=per_shard, jpeg_restarts=args.jpeg_restarts)
     if "ffcv" in peers:
         data["ffcv"] = write_beton(folder)
@@ -186,7 +195,7 @@ def run_dataset(kind: str, args: argparse.Namespace, peers: list[str], env: dict
     for rep in range(args.repeat):
         for cache in args.caches:
             for name in peers:
-                if BUILDERS[name][1] not in data:
+                if BUILDERS[name][1] not in data or (name in EXTRA_PEERS and cache != "warm"):
                     continue
                 log(f"{kind} {cache} {name} (run {rep + 1}/{args.repeat})")
                 got = _run_child(name, kind, cache, data, args)
@@ -214,6 +223,8 @@ def run_dataset(kind: str, args: argparse.Namespace, peers: list[str], env: dict
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.child:
+        for name in HIDDEN.get(args.child, ()):
+            sys.modules[name] = None  # type: ignore[assignment]  # import blocked: ImportError
         data = {k: Path(v) for k, v in json.loads(args.child_data).items()}
         setup = Setup(workers=args.workers, batch_size=args.batch_size, prefetch=args.prefetch)
         print("CHILD " + json.dumps(_measure_one(args.child, data, setup, args.child_cache, args.time)))

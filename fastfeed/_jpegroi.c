@@ -121,6 +121,21 @@ typedef struct {
     int top, left;      /* the crop's offset inside the sub-image, at the output scale */
 } restart_cut;
 
+/* The segments [*first, *end) of one axis that pixels [start, start + size) need (as
+ * fastfeed.decode.roi._span): two pixels of context on each side, since chroma upsampling
+ * reads the neighbouring sample, and at least 3 segments where there are, since libjpeg
+ * upsamples a component only 2 samples wide or high without the fancy filter. */
+static void span(unsigned start, unsigned size, unsigned seg, unsigned count, unsigned *first, unsigned *end) {
+    unsigned a = (start > 2 ? start - 2 : 0) / seg, b = (start + size + 2 + seg - 1) / seg;
+    if (b > count) b = count;
+    while (b - a < 3 && (a > 0 || b < count)) {
+        if (b < count) b++;
+        else a--;
+    }
+    *first = a;
+    *end = b;
+}
+
 /* 1: *cut holds a sub-image JPEG; 0: not applicable (use the general path). */
 static int restart_subimage(const unsigned char *d, size_t n, int denom, int top, int left, int height,
                             int width, restart_cut *cut) {
@@ -193,17 +208,9 @@ static int restart_subimage(const unsigned char *d, size_t n, int denom, int top
     start[total] = i + 2; /* segment k ends 2 bytes before start[k + 1] (its RST) or at i (EOI) */
     unsigned sw = ri * mcu_w / (unsigned)denom, sh = mcu_h / (unsigned)denom;
     if (sw == 0 || sh == 0) { free(start); return 0; }
-    unsigned c0 = (unsigned)left / sw, c1 = ((unsigned)left + (unsigned)width + sw - 1) / sw;
-    unsigned r0 = (unsigned)top / sh, r1 = ((unsigned)top + (unsigned)height + sh - 1) / sh;
-    /* one more segment on every side where there is one: chroma upsampling and the
-     * scaled IDCT's smoothing read the neighbouring blocks, so the crop's edge pixels then
-     * come out as they do from the whole image */
-    if (c0 > 0) c0--;
-    if (r0 > 0) r0--;
-    c1++;
-    r1++;
-    if (c1 > segs_row) c1 = segs_row;
-    if (r1 > rows) r1 = rows;
+    unsigned c0, c1, r0, r1;
+    span((unsigned)left, (unsigned)width, sw, segs_row, &c0, &c1);
+    span((unsigned)top, (unsigned)height, sh, rows, &r0, &r1);
     if (c0 >= c1 || r0 >= r1 || (r0 == 0 && c0 == 0 && c1 == segs_row)) {
         free(start); /* nothing to cut: the general path stops after the crop's last row itself */
         return 0;

@@ -86,9 +86,10 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
                    help="resize images whose longer side exceeds PX and re-encode them")
     p.add_argument("--quality", type=int, default=90, metavar="Q",
                    help="JPEG/WebP quality for --max-side (default 90)")
-    p.add_argument("--jpeg-restarts", action="store_true",
+    p.add_argument("--jpeg-restarts", action=argparse.BooleanOptionalAction, default=None,
                    help="store JPEGs losslessly with a restart marker per 16x16 block, so random crops "
-                        "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension)")
+                        "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension). "
+                        "Default: on when that extension is built; --no-jpeg-restarts keeps the source bytes")
     p.add_argument("--length", default=None, metavar="FIELD",
                    help="record per-sample lengths: a number field, a text field (whitespace tokens; with "
                         "--tokenizer: its exact token count), or FIELD:KEY inside a JSON field")

@@ -3,8 +3,8 @@
 Two backends, picked by ``backend``:
 
 - ``"turbo"``: JPEGs through simplejpeg (libjpeg-turbo, ``fastdct``) and crops resized
-  with OpenCV; needs ``pip install 'fastfeed[turbo]'``. Other formats, CMYK/YCCK JPEGs
-  and anything simplejpeg rejects go through Pillow, then OpenCV.
+  with OpenCV (both core dependencies). Other formats, CMYK/YCCK JPEGs and anything
+  simplejpeg rejects go through Pillow, then OpenCV.
 - ``"pillow"``: Pillow only (``Image.draft`` for the DCT scaling, ``Image.resize`` with
   a crop box).
 - ``"auto"`` (default): ``"turbo"`` when simplejpeg and OpenCV import, else ``"pillow"``.
@@ -12,8 +12,11 @@ Two backends, picked by ``backend``:
 Either way the crop is chosen first, on the header's size, and the JPEG is decoded at
 the smallest power-of-two DCT reduction (1/2, 1/4, 1/8) that still leaves the crop at
 least as large as the output, which is much cheaper than a full decode plus resize.
-With ``"turbo"``, when the optional extension ``fastfeed._jpegroi`` is built
-(:mod:`fastfeed.decode.roi`), only the crop's region of the JPEG is decoded.
+With ``"turbo"``, only the crop's region of a JPEG is decoded: by the extension
+``fastfeed._jpegroi`` when it is built (:mod:`fastfeed.decode.roi`), else, for JPEGs with
+restart markers (``fastfeed pack``'s default), by cutting the crop's segments out in
+Python and decoding those with simplejpeg. :func:`decode_path` says which path is on;
+the first decoder of a process (the main process of rank 0) logs it in one line.
 EXIF orientation is applied (the crop is drawn on the upright image); grayscale, CMYK,
 palette, alpha and 16-bit images come out as 8-bit RGB (alpha dropped, as
 ``Image.convert("RGB")`` does).
@@ -42,13 +45,12 @@ import numpy as np
 from fastfeed.decode import roi
 from fastfeed.decode._exif import jpeg_orientation
 from fastfeed.decode.geometry import dct_denominator
+from fastfeed.decode.path import BACKENDS, DecodePath, decode_path, report_path, turbo_available
 from fastfeed.errors import ConfigError, SampleError, missing_dependency
 
-__all__ = ["BACKENDS", "Box", "ImageDecoder", "turbo_available"]
+__all__ = ["BACKENDS", "Box", "DecodePath", "ImageDecoder", "decode_path", "turbo_available"]
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "turbo", "pillow")
 
 #: Given the upright image's (height, width), return the crop (top, left, height, width).
 Box = Callable[[int, int], tuple[int, int, int, int]]
@@ -74,16 +76,6 @@ def _bad(e: BaseException, data: bytes) -> SampleError:
     else:
         why = f"{type(e).__name__}: {e}"
     return SampleError(f"cannot decode the image ({why})")
-
-
-def turbo_available() -> bool:
-    """True when simplejpeg and OpenCV import (the ``[turbo]`` extra)."""
-    try:
-        import cv2  # noqa: F401
-        import simplejpeg  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _orient(arr: np.ndarray, orientation: int) -> np.ndarray:
@@ -139,9 +131,14 @@ class ImageDecoder:
         backend: ``"auto"``, ``"turbo"`` or ``"pillow"`` (see the module docstring).
 
     Not thread-safe; make one per worker process (it is cheap, and picklable before use).
+    The first one made in a process (the main process of rank 0) logs :func:`decode_path`.
     """
 
     def __init__(self, backend: str = "auto") -> None:
+        self._setup(backend)
+        report_path(backend)
+
+    def _setup(self, backend: str) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"decode_backend={backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend == "turbo" and not turbo_available():
@@ -150,7 +147,8 @@ class ImageDecoder:
         self._loaded_pid = -1
         self._sj: Any = None
         self._cv2: Any = None
-        self._roi = False
+        self._roi = False  # the extension crops every JPEG
+        self._cut = False  # restart-marked JPEGs are cut in Python (roi.cut_restarts)
         self._scratch = np.empty(0, np.uint8)  # reused by the region decoder
         self._errors: tuple[type[BaseException], ...] = _BAD_IMAGE
 
@@ -158,7 +156,7 @@ class ImageDecoder:
         return {"backend": self.backend}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["backend"])  # type: ignore[misc]
+        self._setup(state["backend"])  # no log line: the process that made it logged
 
     @property
     def uses_turbo(self) -> bool:
@@ -175,7 +173,7 @@ class ImageDecoder:
         self._errors = (*_BAD_IMAGE, Image.DecompressionBombError)
         if self.backend == "pillow" or (self.backend == "auto" and not turbo_available()):
             self._sj = self._cv2 = None
-            self._roi = False
+            self._roi = self._cut = False
             return
         import cv2
         import simplejpeg
@@ -187,6 +185,7 @@ class ImageDecoder:
             cv2.setNumThreads(1)
         self._sj, self._cv2 = simplejpeg, cv2
         self._roi = roi.available()
+        self._cut = not self._roi
         self._errors = (*self._errors, cv2.error)
 
     # ------------------------------------------------------------------ full decode
@@ -250,7 +249,7 @@ class ImageDecoder:
 
     def _decode_into(self, data: bytes, dst: np.ndarray, box: Box, flip: bool) -> None:
         out_h, out_w = dst.shape[:2]
-        if self._roi and data[:3] == _JPEG_MAGIC and self._roi_into(data, dst, box, flip):
+        if (self._roi or self._cut) and data[:3] == _JPEG_MAGIC and self._roi_into(data, dst, box, flip):
             return
         if self._sj is not None and data[:3] == _JPEG_MAGIC:
             try:
@@ -280,10 +279,18 @@ class ImageDecoder:
         """
         if not bytes(data[-64:]).rstrip(b"\0").endswith(_JPEG_EOI):
             return False
-        head = roi.header(data)
-        if head is None or not head[2]:
-            return False
-        h, w = head[0], head[1]
+        if self._roi:
+            head = roi.header(data)
+            if head is None or not head[2]:
+                return False
+            h, w = head[0], head[1]
+        else:
+            try:
+                h, w, colorspace, _ = self._sj.decode_jpeg_header(data)
+            except ValueError:
+                return False
+            if colorspace in ("CMYK", "YCCK"):
+                return False
         orientation = jpeg_orientation(data)
         oh, ow = (w, h) if orientation >= 5 else (h, w)
         top, left, ch, cw = box(oh, ow)
@@ -295,16 +302,34 @@ class ImageDecoder:
         rect = (y0, x0, y1 - y0, x1 - x0)
         if orientation != 1:
             rect = roi.stored_rect(rect, orientation=orientation, stored_hw=(sh, sw))
-        need = roi.scratch_size(rect[2], rect[3])
-        if self._scratch.size < need:
-            self._scratch = np.empty(need, np.uint8)
-        crop = roi.decode_crop(data, d, rect, self._scratch)
+        crop = self._crop_ext(data, d, rect) if self._roi else self._crop_cut(data, d, rect)
         if crop is None:
             return False
         if orientation != 1:
             crop = _orient(crop, orientation)
         self._resize_crop(crop, dst, flip)
         return True
+
+    def _crop_ext(self, data: bytes, d: int, rect: tuple[int, int, int, int]) -> np.ndarray | None:
+        need = roi.scratch_size(rect[2], rect[3])
+        if self._scratch.size < need:
+            self._scratch = np.empty(need, np.uint8)
+        return roi.decode_crop(data, d, rect, self._scratch)
+
+    def _crop_cut(self, data: bytes, d: int, rect: tuple[int, int, int, int]) -> np.ndarray | None:
+        """The crop of a restart-marked JPEG through :func:`roi.cut_restarts` + simplejpeg."""
+        cut = roi.cut_restarts(data, d, rect)
+        if cut is None:
+            return None
+        try:
+            sub = self._sj.decode_jpeg(cut.jpeg, "RGB", fastdct=True,
+                                       min_height=-(-cut.height // d), min_width=-(-cut.width // d))
+        except ValueError:
+            return None
+        top, left, h, w = cut.top, cut.left, rect[2], rect[3]
+        if sub.shape[0] < top + h or sub.shape[1] < left + w:
+            return None
+        return sub[top: top + h, left: left + w]
 
     def _pillow(self, data: bytes, box: Box, out: tuple[int, int] | None
                 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:

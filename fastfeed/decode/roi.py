@@ -10,10 +10,12 @@ columns (``jpeg_crop_scanline``), only entropy decoding for the rows above it
 at the same DCT scale (1/2, 1/4, 1/8) the full decoder would use. It releases the GIL.
 
 When the extension is missing (no compiler or headers at install time, another
-Python), :func:`available` is False and :class:`fastfeed.decode.image.ImageDecoder`
-decodes the whole image with simplejpeg or Pillow as before. Anything the extension
-does not take (CMYK/YCCK, corrupt or truncated data, which libjpeg reports as a
-warning) also goes to that path, so errors and skips behave exactly as without it.
+Python), :func:`built` is False. JPEGs with a restart marker after every MCU
+(``fastfeed pack``'s default) are then still cut in the compressed domain, in Python
+(:func:`cut_restarts`), and the smaller JPEG decoded by simplejpeg; plain JPEGs are
+decoded whole by simplejpeg or Pillow. Anything the extension does not take
+(CMYK/YCCK, corrupt or truncated data, which libjpeg reports as a warning) also goes to
+the full decoders, so errors and skips behave exactly as without it.
 
 The crop is chosen on the upright image (after EXIF orientation);
 :func:`stored_rect` maps it back to the stored image, whose pixels are then decoded
@@ -26,14 +28,18 @@ Example:
 
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "decode_crop", "header", "scratch_size", "stored_rect"]
+__all__ = ["RestartCut", "add_restarts", "available", "built", "cut_restarts", "decode_crop", "header",
+           "scratch_size", "stored_rect"]
 
 _MODULE: Any = None
 _LOADED = False
+_TURBO: bool | None = None
 
 
 def _module() -> Any:
@@ -48,9 +54,37 @@ def _module() -> Any:
     return _MODULE
 
 
-def available() -> bool:
-    """True when the ``fastfeed._jpegroi`` extension was built and imports."""
+def built() -> bool:
+    """True when the ``fastfeed._jpegroi`` extension was built and imports.
+
+    Packing needs it to add restart markers (:func:`add_restarts`); the decoder needs it
+    to decode only the region of a plain JPEG (see :func:`available`).
+    """
     return _module() is not None
+
+
+def available() -> bool:
+    """True when the CPU decoder decodes only the crop of every JPEG it crops.
+
+    That needs the extension (:func:`built`) and the decoder's turbo path, simplejpeg and
+    OpenCV (which resizes the crops); without them the decoder uses Pillow and never this
+    module. JPEGs with restart markers are cropped by :func:`cut_restarts` even without
+    the extension (see :func:`fastfeed.decode.image.decode_path`).
+    """
+    return built() and _turbo_libs()
+
+
+def _turbo_libs() -> bool:
+    global _TURBO
+    if _TURBO is None:
+        try:
+            import cv2  # noqa: F401
+            import simplejpeg  # noqa: F401
+        except ImportError:
+            _TURBO = False
+        else:
+            _TURBO = True
+    return _TURBO
 
 
 def add_restarts(data: bytes | memoryview) -> bytes:
@@ -164,3 +198,180 @@ def scratch_size(height: int, width: int) -> int:
     libjpeg widens a cropped row to whole iMCUs (at most 32 pixels each side).
     """
     return height * (width + 64) * 3
+
+
+# ----------------------------------------------------------------------- restart segments, in Python
+# The same cut as ``restart_subimage`` in fastfeed/_jpegroi.c, for installs without the
+# extension: a JPEG with a restart marker after every MCU (``fastfeed pack``'s default) is
+# cut in the compressed domain into a smaller JPEG holding only the crop's MCUs, which
+# simplejpeg then decodes. Byte scanning is numpy's; the Python work is per MCU row.
+
+@dataclass(frozen=True)
+class _Frame:
+    """What the cut needs from a baseline JPEG's headers."""
+
+    head: bytes  # SOI + the table/frame/DRI/scan segments (no APPn/COM), SOF size patched later
+    sof_at: int  # where the SOF segment starts in ``head``
+    height: int
+    width: int
+    mcu_h: int
+    mcu_w: int
+    restart_interval: int
+    scan: int  # where the entropy-coded data starts in the file
+
+
+def _frame(data: bytes) -> _Frame | None:
+    """The headers of a baseline, single-scan JPEG with restart markers; None otherwise."""
+    n, pos = len(data), 2
+    keep: list[bytes] = [b"\xff\xd8"]
+    kept = 2
+    sof_at = ri = X = Y = nf = 0
+    hmax = vmax = 1
+    if data[:2] != b"\xff\xd8":
+        return None
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        m = data[pos + 1]
+        if m == 0xFF:
+            pos += 1
+            continue
+        seg_len = (data[pos + 2] << 8) | data[pos + 3]
+        end = pos + 2 + seg_len
+        if seg_len < 2 or end > n:
+            return None
+        if m in (0xC0, 0xC1):
+            if seg_len < 8 or data[pos + 4] != 8:
+                return None
+            Y, X, nf = struct.unpack_from(">HHB", data, pos + 5)
+            if nf not in (1, 3) or seg_len < 8 + 3 * nf or not X or not Y:
+                return None
+            for c in range(nf):
+                hv = data[pos + 11 + 3 * c]
+                h, v = hv >> 4, hv & 15
+                if not (1 <= h <= 4 and 1 <= v <= 4):
+                    return None
+                hmax, vmax = max(hmax, h), max(vmax, v)
+            sof_at = kept
+        elif 0xC2 <= m <= 0xCF and m not in (0xC4, 0xC8):
+            return None  # progressive, lossless, hierarchical, arithmetic
+        elif m == 0xDD:
+            if seg_len < 4:
+                return None
+            ri = (data[pos + 4] << 8) | data[pos + 5]
+        elif m == 0xDA:
+            if not sof_at or seg_len < 6 or data[pos + 4] != nf or not ri:
+                return None
+            keep.append(data[pos:end])
+            mcu = 8 if nf == 1 else None
+            return _Frame(b"".join(keep), sof_at, Y, X, mcu or 8 * vmax, mcu or 8 * hmax, ri, end)
+        elif m == 0xD9 or 0xD0 <= m <= 0xD8:
+            return None
+        if not (0xE0 <= m <= 0xEF or m == 0xFE):
+            keep.append(data[pos:end])
+            kept += end - pos
+        pos = end
+    return None
+
+
+def _segment_starts(data: bytes, scan: int, total: int) -> np.ndarray | None:
+    """Where each of the ``total`` restart segments starts, plus the scan's end + 2."""
+    buf = np.frombuffer(data, np.uint8)
+    ff = np.flatnonzero(buf[scan:-1] == 0xFF) + scan
+    nxt = buf[ff + 1]
+    marker = ff[(nxt != 0x00) & (nxt != 0xFF)]
+    code = buf[marker + 1]
+    is_rst = (code >= 0xD0) & (code <= 0xD7)
+    n_rst = int(np.argmin(is_rst)) if not is_rst.all() else -1
+    if n_rst != total - 1:  # the markers must be RST*(total - 1) then EOI or another marker
+        return None
+    if not np.array_equal(code[:n_rst], 0xD0 + (np.arange(n_rst) & 7)):
+        return None
+    starts = np.empty(total + 1, np.int64)
+    starts[0] = scan
+    starts[1:] = marker[: total] + 2
+    return starts
+
+
+@dataclass(frozen=True)
+class RestartCut:
+    """A sub-image JPEG cut out of a larger one by :func:`cut_restarts`."""
+
+    jpeg: bytes
+    height: int  # the sub-image's size at full scale (as in its SOF)
+    width: int
+    top: int  # where the asked-for rectangle starts in it, at the asked-for scale
+    left: int
+
+
+def _span(start: int, size: int, seg: int, count: int) -> tuple[int, int]:
+    """The segments ``[first, end)`` of one axis a sub-image needs for pixels ``[start, start + size)``.
+
+    Two pixels of context on each side: fancy upsampling reads the neighbouring chroma
+    sample, so only a sub-image's outermost pixels differ from the whole image's. At
+    least 3 segments (or all there are): libjpeg upsamples a component only 2 samples
+    wide or high without the fancy filter, which would change every pixel.
+    """
+    first, end = max(0, start - 2) // seg, min(count, -(-(start + size + 2) // seg))
+    while end - first < 3 and (first > 0 or end < count):
+        if end < count:
+            end += 1
+        else:
+            first -= 1
+    return first, end
+
+
+def cut_restarts(data: bytes | memoryview, denom: int, rect: tuple[int, int, int, int]) -> RestartCut | None:
+    """A smaller JPEG holding only the restart segments that cover ``rect``.
+
+    ``rect`` is ``(top, left, height, width)`` at scale 1/denom, as for :func:`decode_crop`.
+    Returns None when the file has no restart markers dividing its MCU rows (a plain JPEG:
+    decode it whole), is not a clean baseline JPEG (progressive, truncated, data after the
+    scan), or the crop covers the whole width from the top (nothing to cut). Decoded at
+    1/denom, the sub-image holds the same pixels as the whole image around ``rect``: one
+    segment more on every side comes along, as chroma upsampling reads its neighbours.
+
+    Example:
+        >>> cut_restarts(b"\\xff\\xd8 not a JPEG with restart markers", 1, (0, 0, 8, 8)) is None
+        True
+    """
+    data = data if isinstance(data, bytes) else bytes(data)
+    f = _frame(data)
+    if f is None:
+        return None
+    per_row = -(-f.width // f.mcu_w)
+    rows = -(-f.height // f.mcu_h)
+    if per_row % f.restart_interval:
+        return None
+    segs_row = per_row // f.restart_interval
+    starts = _segment_starts(data, f.scan, segs_row * rows)
+    if starts is None:
+        return None
+    sw, sh = f.restart_interval * f.mcu_w // denom, f.mcu_h // denom
+    if not sw or not sh:
+        return None
+    top, left, height, width = rect
+    c0, c1 = _span(left, width, sw, segs_row)
+    r0, r1 = _span(top, height, sh, rows)
+    if c0 >= c1 or r0 >= r1 or (r0 == 0 and c0 == 0 and c1 == segs_row):
+        return None
+    sub_w = min(c1 * f.restart_interval * f.mcu_w, f.width) - c0 * f.restart_interval * f.mcu_w
+    sub_h = min(r1 * f.mcu_h, f.height) - r0 * f.mcu_h
+    head = bytearray(f.head)
+    struct.pack_into(">HH", head, f.sof_at + 5, sub_h, sub_w)
+    row_first = np.arange(r0, r1) * segs_row
+    a, b = starts[row_first + c0], starts[row_first + c1] - 2  # each row's segments, last RST off
+    view = memoryview(data)
+    pieces = [bytes(head)]
+    for i in range(r1 - r0):
+        pieces.append(view[a[i]:b[i]])
+        pieces.append(b"\xff\xd0")
+    pieces[-1] = b"\xff\xd9"
+    out = bytearray(b"".join(pieces))
+    # renumber the RSTs: inside each row (they kept their old numbers) and between rows
+    off = len(head) + np.concatenate(([0], np.cumsum(b - a + 2)[:-1]))
+    inner = starts[row_first[:, None] + np.arange(c0 + 1, c1)[None, :]] - 2 - a[:, None] + off[:, None]
+    at = np.concatenate([inner, (off + b - a)[:, None]], axis=1).ravel()[:-1]
+    arr = np.frombuffer(out, np.uint8)
+    arr[at + 1] = 0xD0 + (np.arange(at.size) & 7)
+    return RestartCut(bytes(out), sub_h, sub_w, top - r0 * sh, left - c0 * sw)

@@ -194,10 +194,12 @@ def _restarts(f: Facts) -> str | None:
     if img is None or img.plain_jpeg_share < 0.5 or f.image_size is None or f.decode not in ("cpu", None):
         return None
     from fastfeed.decode import roi
+    from fastfeed.decode.image import turbo_available
 
-    if not roi.available():
+    if not (roi.built() and turbo_available()):  # pack needs the extension, cropping simplejpeg + OpenCV
         return None
-    return ("re-pack with `fastfeed pack SRC DST --jpeg-restarts`: the same pixels, losslessly re-coded so each "
+    return ("re-pack with `fastfeed pack SRC DST --jpeg-restarts` (its default where fastfeed's C extension is "
+            "built; these JPEGs have no restart markers): the same pixels, losslessly re-coded so each "
             "random crop decodes only its blocks (~1.4x images per CPU-second for RandomResizedCrop on "
             "ImageNet-sized JPEGs)")
 

@@ -77,7 +77,7 @@ def pack(
     tokenize: str | None = None,
     on_error: str = "raise",
     overwrite: bool = False,
-    jpeg_restarts: bool = False,
+    jpeg_restarts: bool | None = None,
     progress: Progress | None = None,
     engine: str = "local",
     ray_address: str | None = None,
@@ -131,7 +131,10 @@ def pack(
             so files are usually no larger). The CPU loader then decodes only the MCUs of
             each random crop, 1.5-2x less work per image for RandomResizedCrop (see
             :func:`fastfeed.decode.roi.add_restarts`). The stored bytes differ from the
-            source files; needs the optional C extension ``fastfeed._jpegroi``.
+            source files (checksums of the originals do not match them); pack takes
+            longer. Needs the C extension ``fastfeed._jpegroi``. ``None`` (the default):
+            on when the extension is built, else off with one warning; ``False`` stores
+            the source bytes unchanged.
         progress: callback ``(files_done, files_total, bytes_done, bytes_total)``.
         engine: ``local`` (processes on this machine, ``workers`` of them) or ``ray``
             (one Ray task per shard on a cluster, the same bytes; see

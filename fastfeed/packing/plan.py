@@ -82,7 +82,7 @@ class PackOptions:
     tokenize: str | None = None
     on_error: str = "raise"
     overwrite: bool = False
-    jpeg_restarts: bool = False
+    jpeg_restarts: bool = False  # create() resolves the default (on when fastfeed._jpegroi is built)
 
     @classmethod
     def create(cls, *, input: str | None = None, format: str = "tar",
@@ -91,7 +91,7 @@ class PackOptions:
                columns: str | Mapping[str, str] | None = None, key: str | None = None,
                tokenizer: str | os.PathLike[str] | None = None, tokenize: str | None = None,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool = False) -> "PackOptions":
+               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool | None = None) -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
         if input in ("auto", ""):
             input = None
@@ -119,12 +119,7 @@ class PackOptions:
         if tokenize is not None and (not isinstance(tokenize, str) or not tokenize):
             raise ConfigError(f"tokenize={tokenize!r}: name the text field to tokenize, e.g. txt")
         check_token_options(None if tokenizer is None else os.fspath(tokenizer), tokenize, length)
-        if jpeg_restarts:
-            if not roi.available():
-                raise ConfigError("jpeg_restarts=True needs fastfeed's optional C extension fastfeed._jpegroi, "
-                                  "which is not built here: reinstall fastfeed from source with a C compiler and "
-                                  "libjpeg-turbo's headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
-                                  "or leave jpeg_restarts off")
+        jpeg_restarts = _jpeg_restarts(jpeg_restarts)
         return cls(
             input=input, format=format, shard_size=size,
             samples_per_shard=None if samples_per_shard is None else int(samples_per_shard),
@@ -182,6 +177,27 @@ def _shard_size(value: str | int) -> int:
     log.warning("shard_size=%r: %s per shard is very small (one or a few samples per shard, one file open "
                 "per sample when reading); the usual size is 256MB", value, format_bytes(size))
     return size
+
+
+_RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
+                 "apt-get install gcc libturbojpeg0-dev; pip install --force-reinstall --no-deps --no-binary fastfeed "
+                 "fastfeed)")
+
+
+def _jpeg_restarts(asked: bool | None) -> bool:
+    """``None`` (the default): restart markers when ``fastfeed._jpegroi`` is built, else
+    none and one warning; ``True`` without the extension is an error."""
+    if asked is None:
+        if roi.built():
+            return True
+        log.warning("pack: JPEGs stored as they are, without restart markers (fastfeed._jpegroi is not built); "
+                    "random crops of these shards then decode the whole JPEG, about 1.6x the loader's CPU per "
+                    "image; %s", _RESTARTS_FIX)
+        return False
+    if asked and not roi.built():
+        raise ConfigError(f"jpeg_restarts=True needs fastfeed's C extension fastfeed._jpegroi, which is not built "
+                          f"here: {_RESTARTS_FIX}; or pass jpeg_restarts=False (--no-jpeg-restarts)")
+    return bool(asked)
 
 
 def _is_int(v: Any) -> bool:

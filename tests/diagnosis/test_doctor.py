@@ -57,7 +57,7 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         folder = root / "src" / f"c{i % 2}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"img{i:03d}.jpg").write_bytes(photos[i % 3])
-    fastfeed.pack(root / "src", root / "packed", samples_per_shard=8, workers=1)
+    fastfeed.pack(root / "src", root / "packed", samples_per_shard=8, workers=1, jpeg_restarts=False)  # plain JPEGs
     return root / "packed"
 
 

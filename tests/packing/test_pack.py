@@ -30,7 +30,7 @@ def _sources(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_imagefolder_roundtrip(small_image_folder: Path, tmp_path: Path, fmt: str) -> None:
     dst = tmp_path / "out"
-    idx = pack(small_image_folder, dst, format=fmt, samples_per_shard=16)
+    idx = pack(small_image_folder, dst, format=fmt, samples_per_shard=16, jpeg_restarts=False)  # source bytes
     classes = sorted(p.name for p in small_image_folder.iterdir())
     assert idx.input == "imagefolder" and idx.format == fmt
     assert idx.classes == tuple(classes) and idx.fields == ("cls", "jpg")
@@ -134,7 +134,7 @@ def test_jsonl_manifest(tmp_path: Path) -> None:
         lines.append(json.dumps(rec))
     manifest = tmp_path / "data.jsonl"
     manifest.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")
-    idx = pack(manifest, tmp_path / "o", samples_per_shard=4, shuffle=False, length="text")
+    idx = pack(manifest, tmp_path / "o", samples_per_shard=4, shuffle=False, length="text", jpeg_restarts=False)
     assert idx.input == "jsonl"
     assert idx.fields == ("image.jpg", "label.json", "meta.json", "score.json", "text")
     assert idx.lengths_field == "text" and idx.lengths.tolist() == [1, 2, 3, 4, 6, 7, 8, 9, 5]
@@ -181,7 +181,7 @@ def test_messy_images_pack_and_verify(tmp_path: Path) -> None:
 def test_max_side_reencodes_messy_images(tmp_path: Path, fmt: str) -> None:
     sizes = write_messy_folder(tmp_path / "src")
     before = tree_digest(tmp_path / "src")
-    pack(tmp_path / "src", tmp_path / "o", max_side=64, quality=80, format=fmt)
+    pack(tmp_path / "src", tmp_path / "o", max_side=64, quality=80, format=fmt, jpeg_restarts=False)
     assert fastfeed.verify(tmp_path / "o").ok
     assert tree_digest(tmp_path / "src") == before  # originals untouched
     originals = messy_images()
@@ -233,7 +233,7 @@ def test_jpeg_restarts_store_the_same_pixels(tmp_path: Path, monkeypatch: pytest
     # without the extension: a clear error, before anything is written
     from fastfeed.decode import roi
 
-    monkeypatch.setattr(roi, "available", lambda: False)
+    monkeypatch.setattr(roi, "built", lambda: False)
     with pytest.raises(fastfeed.ConfigError, match="jpeg_restarts=True needs"):
         pack(tmp_path / "src", tmp_path / "o2", jpeg_restarts=True)
     assert not (tmp_path / "o2").exists()

@@ -20,7 +20,7 @@ def _originals(root: Path) -> dict[str, bytes]:
 def test_imagenet_sample_packs_and_verifies(shared_data: Path, tmp_path: Path, fmt: str) -> None:
     src = shared_data / "imagenet-sample"
     originals = _originals(src)
-    idx = pack(src, tmp_path / "o", format=fmt, samples_per_shard=10)
+    idx = pack(src, tmp_path / "o", format=fmt, samples_per_shard=10, jpeg_restarts=False)  # source bytes
     assert idx.input == "imagefolder" and idx.num_samples == len(originals) == 47
     assert idx.classes == tuple(sorted(p.name for p in src.iterdir() if p.is_dir()))
     assert list(idx.shard_counts) == [10, 10, 9, 9, 9]
@@ -34,7 +34,7 @@ def test_imagenet_sample_packs_and_verifies(shared_data: Path, tmp_path: Path, f
 def test_webdataset_reads_fastfeed_tars(shared_data: Path, tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
     src = shared_data / "imagenet-sample"
-    idx = pack(src, tmp_path / "o", samples_per_shard=12, max_side=None)
+    idx = pack(src, tmp_path / "o", samples_per_shard=12, max_side=None, jpeg_restarts=False)
     urls = [str(tmp_path / "o" / s.name) for s in idx.shards]
     ours = shard_samples(tmp_path / "o")
     theirs = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
