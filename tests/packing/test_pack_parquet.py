@@ -66,7 +66,7 @@ def _all(dst: Path) -> list[dict]:
 
 def test_folder_of_parquet_packs_every_row_once(corpus, tmp_path: Path) -> None:
     src, jpegs = corpus
-    idx = fastfeed.pack(src, tmp_path / "ff", samples_per_shard=4)
+    idx = fastfeed.pack(src, tmp_path / "ff", samples_per_shard=4, jpeg_restarts=False)  # source bytes kept
     assert idx.input == "parquet" and idx.num_samples == 12 and len(idx.shards) == 4
     assert set(idx.fields) == {"caption.txt", "emb.npy", "id.txt", "image.jpg", "label.json"}
     rows = _all(tmp_path / "ff")
@@ -97,7 +97,7 @@ def _runs(stored: list[int], groups: list[tuple[int, ...]]) -> list[list[int]]:
 
 def test_columns_key_glob_and_cli(corpus, tmp_path: Path, capsys) -> None:
     src, jpegs = corpus
-    rc = main(["pack", str(src / "part-*.parquet"), str(tmp_path / "ff"), "--columns", "image=jpg,caption=txt",
+    rc = main(["pack", str(src / "part-*.parquet"), str(tmp_path / "ff"), "--no-jpeg-restarts", "--columns", "image=jpg,caption=txt",
                "--key", "id", "--samples-per-shard", "5"])
     out = capsys.readouterr().out
     assert rc == 0 and "packed 12 samples" in out and "(input: parquet)" in out
@@ -110,7 +110,7 @@ def test_columns_key_glob_and_cli(corpus, tmp_path: Path, capsys) -> None:
 
 def test_single_file_input_flag_and_lmdb(corpus, tmp_path: Path) -> None:
     src, jpegs = corpus
-    idx = fastfeed.pack(src / "part-1.parquet", tmp_path / "ff", input="parquet", format="lmdb")
+    idx = fastfeed.pack(src / "part-1.parquet", tmp_path / "ff", input="parquet", format="lmdb", jpeg_restarts=False)
     assert idx.format == "lmdb" and idx.num_samples == 5
     assert [r["image.jpg"] for r in _all(tmp_path / "ff")] == jpegs[7:]
 
@@ -122,12 +122,12 @@ def test_hf_dataset_object_and_save_to_disk(tmp_path: Path) -> None:
                                   "image": datasets.Image(), "emb": datasets.Sequence(datasets.Value("float32")),
                                   "label": datasets.Value("int64")})
     ds = datasets.Dataset.from_dict(cols, features=features)
-    idx = fastfeed.pack(ds, tmp_path / "a", samples_per_shard=4)
+    idx = fastfeed.pack(ds, tmp_path / "a", samples_per_shard=4, jpeg_restarts=False)
     assert idx.input == "hf" and idx.num_samples == 6
     rows = _all(tmp_path / "a")
     assert [r["image.jpg"] for r in rows] == jpegs and rows[1]["caption.txt"] == b"a photo of thing 1"
     ds.save_to_disk(str(tmp_path / "saved"))
-    assert main(["pack", str(tmp_path / "saved"), str(tmp_path / "b"), "--input", "hf", "--key", "id"]) == 0
+    assert main(["pack", str(tmp_path / "saved"), str(tmp_path / "b"), "--input", "hf", "--key", "id", "--no-jpeg-restarts"]) == 0
     rows = _all(tmp_path / "b")
     assert [r["__key__"] for r in rows] == [f"doc{i:03d}" for i in range(6)]
     assert [r["image.jpg"] for r in rows] == jpegs
