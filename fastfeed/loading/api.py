@@ -52,9 +52,10 @@ from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.sources import Sources, open_sources
 from fastfeed.loading.stats import LoaderStats
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.packed.reader import ShardSource, check_shards, resolve_index
+from fastfeed.packed.reader import ShardSource
 from fastfeed.storage.remote import is_url
 
 # STATE_VERSION (the state_dict layout) lives in fastfeed.loading.cursor; importable from here too
@@ -90,7 +91,8 @@ class Loader(Resumable, DataLoader):
     def __init__(self, dataset: ShardBatches, *, num_workers: int, prefetch_factor: int | None,
                  pin_memory: bool, persistent_workers: bool, timeout: float,
                  multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
-                 log_every: int | None, workers_from: str, reuse_buffers: bool = False) -> None:
+                 log_every: int | None, workers_from: str, cursor: EpochCursor,
+                 reuse_buffers: bool = False) -> None:
         kwargs: dict[str, Any] = {}
         if num_workers > 0:  # PyTorch rejects prefetch_factor / persistent workers without workers
             kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -105,22 +107,19 @@ class Loader(Resumable, DataLoader):
         if reuse_buffers and num_workers > 0 and persistent_workers:
             self._pool = dataset.pool = BufferPool(num_workers, (prefetch_factor or 2) + 1)
         self.index: DatasetIndex = dataset.source.index
+        self.indexes: tuple[DatasetIndex, ...] = tuple(src.index for src in dataset.sources)
         self.rank, self.world_size = dataset.rank, dataset.world_size
         self.stats = LoaderStats(log_every=log_every)
         self.stats.add_line_hook(line_hook(num_workers))  # "; decode-bound (workers busy 97%, ...)"
         self.workers_from = workers_from
-        self._cursor = EpochCursor(
-            fingerprint=self.index.fingerprint, shard_counts=self.index.shard_counts,
-            batch_size=dataset.batch_size, seed=dataset.seed, shuffle=dataset.shuffle,
-            drop_last=dataset.drop_last, shuffle_block=dataset.shuffle_block, rank=dataset.rank,
-            world_size=dataset.world_size)
+        self._cursor = cursor
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         return self._cursor.run(self._open_pass)
 
     def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
         """The batches of pass ``p``: the workers start (or reset) at its epoch and first batch."""
-        self.dataset.set_position(p.epoch, p.start)
+        self.dataset.set_position(p.position)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
         return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
@@ -180,6 +179,11 @@ def loader(
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
     reuse_buffers: bool = True,
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+    subset: Any = None,
+    filter: Any = None,
+    pad: bool = True,
     **dali_options: Any,
 ) -> Loader:
     """A deterministic, resumable, rank- and worker-aware DataLoader over fastfeed shards.
@@ -252,25 +256,25 @@ def loader(
         image_field=image_field, crop_scale=crop_scale, crop_ratio=crop_ratio, flip=flip,
         crop_fraction=crop_fraction, log_every=log_every, timeout=timeout,
         multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
-        reuse_buffers=reuse_buffers, **dali_options,
+        reuse_buffers=reuse_buffers, weights=weights, epoch_samples=epoch_samples, subset=subset,
+        filter=filter, pad=pad, **dali_options,
     )
-    index = resolve_index(path_or_url, cache_dir=options.cache_dir, cache_size=options.cache_size,
-                          storage_options=options.storage_options, on_error=options.on_error)
-    check_shards(index)
-    options.check_fits(index.num_samples)
+    sources = open_sources(path_or_url, options)
+    options.check_fits(sources.spec.epoch_samples)
     if options.decode == "dali":
-        return dali_loader(index, options)
-    return _cpu_loader(index, options)
+        return dali_loader(sources.indexes[0], options, sources.spec)
+    return _cpu_loader(sources, options)
 
 
-def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
+def _cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
     """``decode="cpu"`` / None: DataLoader workers decode whole batches of the epoch plan."""
+    index = sources.indexes[0]  # a tune result is looked up for the first dataset
     workers, prefetch, workers_from = resolve_auto(
         index, batch_size=o.batch_size, decode=o.decode, image_size=o.image_size,
         num_workers=o.num_workers, prefetch_factor=o.prefetch_factor)
-    max_open = _max_open(index, o.shuffle_block, o.cache_dir)
-    if o.cache_dir is None and index.shards and is_url(index.shard_path(0)):
-        _warn_no_cache(index, workers, max_open)
+    for idx in sources.indexes:
+        if o.cache_dir is None and idx.shards and is_url(idx.shard_path(0)):
+            _warn_no_cache(idx, workers, _max_open(idx, o.shuffle_block, o.cache_dir))
     decoder: CpuDecoder | RawDecoder
     if o.decode == "cpu":
         decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
@@ -278,17 +282,19 @@ def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
                              ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction)
     else:
         decoder = RawDecoder(o.transform)
-    source = ShardSource(index, cache_dir=o.cache_dir, cache_size=o.cache_size,
-                         storage_options=o.storage_options, max_open=max_open)
-    dataset = ShardBatches(source, decoder, batch_size=o.batch_size, seed=o.seed, shuffle=o.shuffle,
-                           drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
-                           shuffle_block=o.shuffle_block, on_error=o.on_error)
+    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.cache_size,
+                           storage_options=o.storage_options, max_open=_max_open(idx, o.shuffle_block, o.cache_dir))
+               for idx in sources.indexes]
+    cursor = EpochCursor(sources.spec, fingerprints=sources.fingerprints, batch_size=o.batch_size,
+                         drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size)
+    dataset = ShardBatches(readers, decoder, spec=sources.spec, shape=cursor.shape, rank=o.rank,
+                           on_error=o.on_error)
     return Loader(
         dataset, num_workers=workers, prefetch_factor=prefetch,
         pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
         persistent_workers=o.persistent_workers, timeout=o.timeout,
         multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
-        log_every=o.log_every, workers_from=workers_from, reuse_buffers=o.reuse_buffers,
+        log_every=o.log_every, workers_from=workers_from, cursor=cursor, reuse_buffers=o.reuse_buffers,
     )
 
 
