@@ -1,8 +1,8 @@
 """ONE behavioural harness for every loader backend: ``decode="cpu"`` and ``decode="dali"``
 (DALI in its CPU-only mode, ``device_id=None``; skipped without DALI).
 
-Every test runs both backends through the same assertions, against the epoch plan
-(:func:`fastfeed.loading.plan.plan_epoch`, a pure function) rather than against each
+Every test runs both backends through the same assertions, against the rank plan
+(:func:`fastfeed.loading.planner.plan_rank`, a pure function) rather than against each
 other: epochs with and without ``set_epoch``, abandoned passes, the newest iterator,
 mid-epoch resume in a fresh loader, resume across backends, equal steps on every rank
 (ranks simulated with ``rank=``/``world_size=``; the real gloo tests are in
@@ -23,7 +23,7 @@ from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
-from fastfeed.loading.plan import plan_epoch
+from fastfeed.loading.planner import plan_rank, plan_spec
 from fastfeed.packed.index import DatasetIndex
 
 BACKENDS = ["cpu", "dali"]
@@ -80,9 +80,10 @@ def expected(root: Path, epoch: int, *, rank: int = 0, world_size: int = 1, drop
         raw = fastfeed.loader(str(root), batch_size=1000, shuffle=False, decode=None, num_workers=0)
         _INDEX_KEYS[root] = [k for b in raw for k in b["__key__"]]
     names = _INDEX_KEYS[root]
-    plan = plan_epoch(DatasetIndex.load(root).shard_counts, seed=seed, epoch=epoch, world_size=world_size,
-                      rank=rank, batch_size=batch_size, drop_last=drop_last, shuffle=True)
-    return [[names[i] for i in plan.batch(b).tolist()] for b in range(plan.num_batches)]
+    spec = plan_spec([DatasetIndex.load(root).shard_counts], seed=seed, shuffle=True)
+    plan = plan_rank(spec, epoch=epoch, world_size=world_size, rank=rank, batch_size=batch_size,
+                     drop_last=drop_last)
+    return [[names[i] for i in plan.batch(b).ids.tolist()] for b in range(plan.num_batches)]
 
 
 # ---------------------------------------------------------------------- epochs
@@ -162,7 +163,7 @@ def test_resume_mid_epoch_in_a_fresh_loader(packed: Path, backend: str, stop: in
     it = iter(dl)
     head = [list(next(it)["__key__"]) for _ in range(k)]
     state = json.loads(json.dumps(dl.state_dict()))  # plain ints and strings
-    assert (state["epoch"], state["batches"], state["fastfeed_loader"]) == (1, k, 1)
+    assert (state["epoch"], state["batches"], state["fastfeed_loader"]) == (1, k, 2)
     fresh = make(packed, backend, rank=0, world_size=2)  # another rank's state fits
     fresh.load_state_dict(state)
     fresh_other_rank = make(packed, backend, rank=1, world_size=2)
@@ -187,8 +188,8 @@ def test_resume_across_backends(packed: Path, first: str, second: str) -> None:
     state = a.state_dict()
     b = make(packed, second)
     assert set(b.state_dict()) == set(state)
-    assert {k: v for k, v in b.state_dict().items() if k not in ("epoch", "batches")} == \
-        {k: v for k, v in state.items() if k not in ("epoch", "batches")}
+    assert {k: v for k, v in b.state_dict().items() if k not in ("epoch", "batches", "stages")} == \
+        {k: v for k, v in state.items() if k not in ("epoch", "batches", "stages")}
     b.load_state_dict(state)
     rest = list(b)
     assert keys(head) + keys(rest) == expected(packed, 2) and b.epoch == 2
@@ -223,7 +224,8 @@ def test_len_is_the_batches_of_an_epoch(packed: Path, backend: str, batch_size: 
     per_rank = 60 // world_size if drop_last else math.ceil(60 / world_size)
     n = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
     assert len(dl) == n == len(list(dl))
-    state = {**dl.state_dict(), "epoch": 0, "batches": n - 1}
+    saved = dl.state_dict()
+    state = {**saved, "epoch": 0, "batches": n - 1, "stages": [saved["stages"][-1][:3] + [n - 1]]}
     dl.load_state_dict(state)
     assert len(dl) == n and len(list(dl)) == 1  # len is the epoch's, a resumed pass yields the rest
 
