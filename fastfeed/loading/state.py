@@ -54,7 +54,9 @@ def check_version(state: Any) -> int:
     """
     if not isinstance(state, Mapping):
         raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-    version = state.get("fastfeed_loader")
+    if "fastfeed_loader" not in state:
+        raise StateError("loader state lacks fastfeed_loader (its version); pass the dict from Loader.state_dict()")
+    version = state["fastfeed_loader"]
     if version not in (1, 2) or isinstance(version, bool):
         raise StateError(f"loader state version {version!r}, this fastfeed reads 1 and 2")
     return int(version)
