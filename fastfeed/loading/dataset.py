@@ -41,6 +41,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from fastfeed.decode import bufpool
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
+from fastfeed.decode.fields import is_image
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.elastic import Stage
@@ -90,6 +91,7 @@ class ShardBatches(IterableDataset):
         # decoders see ids unique over the datasets, so crops differ between datasets
         self._offsets = np.concatenate([[0], np.cumsum([s.index.num_samples for s in self.sources])[:-1]])
         self._position = SharedPosition()
+        self._empty = _empty_entries(self.sources, decoder)
         self.pool: BufferPool | None = None  # set by the loader (persistent workers only)
         self._plan: RankPlan | None = None
         self._plan_key: Position | None = None
@@ -168,6 +170,9 @@ class ShardBatches(IterableDataset):
         batch = self.decoder.decode_batch(samples, ids[kept_arr] + self._offsets[which[kept_arr]], epoch,
                                           labels, fail)
         rows = kept_arr[[k for k in range(len(kept)) if k not in failed]] if failed else kept_arr
+        if not rows.size:  # an empty batch (pad=False, or all skipped) has the keys of a full one
+            for k, v in self._empty.items():
+                batch.setdefault(k, v() if callable(v) else [])
         batch["__source__"] = torch.from_numpy(np.ascontiguousarray(which[rows], dtype=np.int64))
         batch["valid"] = torch.from_numpy(np.ascontiguousarray(planned.valid[rows], dtype=bool))
         batch[SKIPPED_KEY] = skipped
@@ -192,6 +197,22 @@ class ShardBatches(IterableDataset):
             raise SampleError(f"{err}; pass on_error='skip' to skip bad samples",
                               shard=err.shard, key=err.key, offset=err.offset)
         skipped.append(str(err))
+
+
+def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> dict[str, Any]:
+    """The entries an empty batch carries besides ``__key__``: each field as an empty list,
+    ``label`` as an empty int64 tensor where batches have labels."""
+    fields: dict[str, None] = {}
+    for src in sources:
+        fields.update(dict.fromkeys(src.index.fields))
+    out: dict[str, Any] = {}
+    cpu = isinstance(decoder, CpuDecoder)
+    for f in fields:
+        if not (cpu and (is_image(f) or f == "cls")):
+            out[f] = None
+    if sources[0].index.labels is not None or (cpu and "cls" in fields):
+        out["label"] = lambda: torch.zeros(0, dtype=torch.int64)
+    return out
 
 
 class _Epoch:
