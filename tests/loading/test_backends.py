@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
@@ -63,7 +64,7 @@ def make(root: Path, backend: str, **kw: Any) -> Any:
     args: dict[str, Any] = dict(batch_size=BATCH, image_size=16, seed=SEED)
     args.update(dict(DALI_CPU) if backend == "dali" else dict(decode="cpu", num_workers=0))
     args.update(kw)
-    return fastfeed.loader(str(root), **args)
+    return fastfeed.loader([str(r) for r in root] if isinstance(root, list) else str(root), **args)
 
 
 def keys(batches: Any) -> list[list[str]]:
@@ -247,3 +248,76 @@ def test_skip_counts_bad_samples_and_keeps_steps_equal(corrupt: Path, backend: s
     assert any("k005" in m for m in messages) and any("k009" in m for m in messages)
     with pytest.raises(SampleError, match="k00[59]"):
         list(make(corrupt, backend, batch_size=4, on_error="raise"))
+
+
+# ---------------------------------------------------------------------- issue #18: selection, valid, elastic
+def _valid_keys(batches: Any) -> list[str]:
+    return [k for b in batches for k, v in zip(b["__key__"], b["valid"].tolist()) if v]
+
+
+def test_batches_carry_valid_and_source(packed: Path, backend: str) -> None:
+    expected(packed, 0)  # fills _INDEX_KEYS
+    ranks = [make(packed, backend, rank=r, world_size=7) for r in range(7)]  # 60 over 7: 3 padding slots
+    streams = [list(dl) for dl in ranks]
+    for s in streams:
+        for b in s:
+            assert b["valid"].dtype == torch.bool and b["__source__"].dtype == torch.int64
+            assert len(b["valid"]) == len(b["__source__"]) == len(b["__key__"]) and not b["__source__"].any()
+    assert sum(int((~b["valid"]).sum()) for s in streams for b in s) == 3
+    assert sorted(_valid_keys(b for s in streams for b in s)) == sorted(_INDEX_KEYS[packed])
+
+
+def test_subset_and_filter(packed: Path, backend: str) -> None:
+    expected(packed, 0)  # fills _INDEX_KEYS
+    names = _INDEX_KEYS[packed]
+    labels = DatasetIndex.load(packed).labels
+    dl = make(packed, backend, filter=lambda m: m["label"] == int(labels[0]), batch_size=100)
+    want = sorted(n for n, lab in zip(names, labels) if lab == labels[0])
+    assert sorted(k for b in dl for k in b["__key__"]) == want and len(dl) == 1
+    some = make(packed, backend, subset=[5, 0, 59])
+    assert sorted(k for b in some for k in b["__key__"]) == sorted(names[i] for i in (0, 5, 59))
+
+
+def test_pad_false_every_sample_once_with_an_empty_last_batch(packed: Path, backend: str) -> None:
+    """60 over 7 ranks, batches of 3: spans of 8 and 9 -> 3 steps; an 8-sample rank ends with 2."""
+    expected(packed, 0)
+    ranks = [make(packed, backend, rank=r, world_size=7, batch_size=3, pad=False) for r in range(7)]
+    streams = [list(dl) for dl in ranks]
+    assert {len(s) for s in streams} == {len(ranks[0])} == {3}
+    assert sorted(k for s in streams for b in s for k in b["__key__"]) == sorted(_INDEX_KEYS[packed])
+    empty = list(make(packed, backend, rank=0, world_size=16, batch_size=3, pad=False))[-1]  # 3 of 2 steps
+    assert empty["__key__"] == [] and empty["valid"].shape == (0,) and empty["label"].shape == (0,)
+    assert tuple(empty["image"].shape)[0] == 0
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_elastic_resume_at_another_world_and_batch_size(packed: Path, backend: str, pad: bool) -> None:
+    expected(packed, 0)
+    old = [make(packed, backend, rank=r, world_size=3, batch_size=4, pad=pad) for r in range(3)]
+    head: list[str] = []
+    for dl in old:
+        dl.set_epoch(2)
+        it = iter(dl)
+        head += _valid_keys([next(it), next(it)])
+    state = json.loads(json.dumps(old[1].state_dict()))
+    new = [make(packed, backend, rank=r, world_size=2, batch_size=5) for r in range(2)]
+    streams = []
+    for dl in new:
+        dl.load_state_dict(state)
+        streams.append(list(dl))
+    assert len({len(s) for s in streams}) == 1
+    assert sorted(head + _valid_keys(b for s in streams for b in s)) == sorted(_INDEX_KEYS[packed])
+    assert all(dl.epoch == 2 for dl in new)
+    assert keys(new[0]) == expected(packed, 3, rank=0, world_size=2, batch_size=5)  # then a fresh run's
+
+
+def test_mixing(packed: Path, backend: str) -> None:
+    if backend == "dali":
+        with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset"):
+            make([packed, packed], backend, weights=[1, 1])
+        return
+    dl = make([packed, packed], backend, weights=[3, 1], batch_size=4)
+    batches = list(dl)
+    src = [s for b in batches for s in b["__source__"].tolist()]
+    assert len(dl) == len(batches) and src.count(0) == 60 and src.count(1) == 20
+    assert all(int((b["__source__"] == 1).sum()) == 1 for b in batches)  # 4 * 1/4 per batch
