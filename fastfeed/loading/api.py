@@ -190,7 +190,10 @@ def loader(
 
     Args:
         path_or_url: a packed dataset (folder or fsspec URL with ``index.json``), or
-            WebDataset tars without index (folder, shard, list, brace pattern, glob).
+            WebDataset tars without index (folder, shard, list, brace pattern, glob). With
+            ``weights``, a list of such datasets to mix (one entry each; an entry may be a
+            list of tars). A list of packed folders without ``weights`` is an error asking
+            for them; a list of tars without ``weights`` is one dataset.
         batch_size: samples per batch on each rank.
         shuffle: new shard and sample order every epoch (False: index order).
         seed: the seed of the order and of the random crops (>= 0).
@@ -203,7 +206,8 @@ def loader(
         prefetch_factor: batches prefetched per worker, or ``"auto"``.
         pin_memory: page-locked batches for fast GPU copies (default: CUDA is available).
         drop_last: drop the remainder (only full batches) instead of repeating up to
-            ``world_size - 1`` samples to give every rank the same count.
+            ``world_size - 1`` samples (flagged ``batch["valid"] == False``) to give every
+            rank the same count.
         rank, world_size: default from torch.distributed, then RANK/WORLD_SIZE, then (0, 1).
         on_error: ``"raise"`` on a bad sample (names shard, key, offset), or ``"skip"``
             it (counted in ``stats``, logged once).
@@ -224,6 +228,20 @@ def loader(
             ~0.2 ms per 224 px image where measured; see :mod:`fastfeed.decode.bufpool`). A batch you
             keep, or a view of it, is never refilled. Pass False if you hand batches on to
             another process without copying them.
+        weights: one per dataset of ``path_or_url`` (normalised): each batch's samples
+            come from the datasets in these proportions, and ``batch["__source__"]`` (int64)
+            says which dataset each sample is from.
+        epoch_samples: samples per epoch when mixing (default: the largest-weight dataset
+            read once; smaller ones are cycled in complete reshuffled passes).
+        subset: sample ids (or a bool mask) to keep; with several datasets, a list with one
+            per dataset (None for none).
+        filter: ``fn(meta) -> bool mask`` over the index's per-sample metadata (numpy
+            arrays ``"index"``, ``"label"``, ``"length"``, ``"key"`` where recorded),
+            evaluated once; with several datasets, one per dataset.
+        pad: with ``drop_last=False``, repeat up to ``world_size - 1`` samples so every
+            rank's share has the same size (True), or deliver every sample exactly once
+            (False): every rank still runs the same number of steps, a rank's last batch may
+            be shorter or empty (a dict of zero-length entries).
         **dali_options: the options of ``decode="dali"`` only (``num_threads``,
             ``hw_decoder_load``, ``prefetch_queue_depth``, ``device_id``, ``output``, ``mean``,
             ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
@@ -238,13 +256,50 @@ def loader(
         :class:`~fastfeed.loading.dali.pipeline.DaliLoader` with the same epoch, resume and
         ``stats`` API); each batch is a dict (see :mod:`fastfeed.decode.cpu`).
 
-    Raises:
-        ConfigError: an invalid argument (validated before any data is read).
+    Every batch also carries ``"valid"`` (bool, False exactly on padding repeats) and
+    ``"__source__"`` (int64, the dataset of each sample; all 0 for one dataset).
 
-    Example:
+    Resume: :meth:`Loader.load_state_dict` takes a state saved at another world size,
+    batch size or ``drop_last``/``pad`` (elastic resume): the epoch continues with exactly
+    its unconsumed samples dealt to the new ranks, each once; later epochs are a fresh
+    run's at the new shape. A state of other data or another order is refused.
+
+    Raises:
+        ConfigError: an invalid argument (validated before any data is read), weights that
+            do not fit the datasets, or datasets that cannot share a batch (named).
+
+    Examples:
+        One dataset:
+
         >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)  # doctest: +SKIP
         >>> batch = next(iter(dl)); batch["image"].shape, batch["label"].dtype         # doctest: +SKIP
         (torch.Size([256, 3, 224, 224]), torch.int64)
+
+        Mixing datasets, 70/30 in every batch:
+
+        >>> dl = fastfeed.loader(["/data/web-ff", "/data/books-ff"], weights=[0.7, 0.3],
+        ...                      batch_size=100, decode=None)                          # doctest: +SKIP
+        >>> int((next(iter(dl))["__source__"] == 1).sum())                              # doctest: +SKIP
+        30
+
+        Filters and subsets (evaluated once, from the index's metadata):
+
+        >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224,
+        ...                      filter=lambda m: m["label"] < 100)                    # doctest: +SKIP
+
+        Elastic resume (a state saved by 8 ranks, loaded on 6 with another batch size):
+
+        >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=320, image_size=224)  # doctest: +SKIP
+        >>> dl.load_state_dict(torch.load("ckpt.pt")["data"])                           # doctest: +SKIP
+        >>> dl.state_dict()["stages"]                                                   # doctest: +SKIP
+        [[8, 256, 'pad', 1200], [6, 320, 'pad', 0]]
+
+        Exact-once evaluation (every sample once over all ranks, equal steps):
+
+        >>> val = fastfeed.loader("/data/val-ff", batch_size=250, image_size=224, augment=False,
+        ...                       pad=False, shuffle=False)                             # doctest: +SKIP
+        >>> sum(len(b["__key__"]) for b in val)       # this rank's share, no repeat     # doctest: +SKIP
+        6250
     """
     check_source(path_or_url, decode)
     options = loader_options(
