@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
@@ -287,7 +286,7 @@ def test_pad_false_every_sample_once_with_an_empty_last_batch(packed: Path, back
     assert sorted(k for s in streams for b in s for k in b["__key__"]) == sorted(_INDEX_KEYS[packed])
     empty = list(make(packed, backend, rank=0, world_size=16, batch_size=3, pad=False))[-1]  # 3 of 2 steps
     assert empty["__key__"] == [] and empty["valid"].shape == (0,) and empty["label"].shape == (0,)
-    assert tuple(empty["image"].shape)[0] == 0
+    assert empty["image"].shape[0] == 0
 
 
 @pytest.mark.parametrize("pad", [True, False])

@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
-import fastfeed
-
 from _dist import run_ranks
 from _loader_data import write_dataset
+
+import fastfeed
 
 pytestmark = [
     pytest.mark.dist,

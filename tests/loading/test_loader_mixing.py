@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _loader_data import image_fields, write_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.loading.plan import plan_epoch
-
-from _loader_data import image_fields, write_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -43,7 +42,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def load(paths: Any, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, decode=None, num_workers=0, seed=3)
+    args: dict[str, Any] = {"batch_size": 4, "decode": None, "num_workers": 0, "seed": 3}
     args.update(kw)
     return fastfeed.loader(paths if not isinstance(paths, tuple) else [str(p) for p in paths], **args)
 
@@ -213,7 +212,7 @@ def _run_to(dls: list[Any], steps: int) -> list[tuple[int, str]]:
 def test_elastic_resume_deals_the_rest_once(two: tuple[Path, Path], old: tuple, new: tuple,
                                             mixed: bool) -> None:
     paths: Any = two if mixed else str(two[0])
-    kw: dict[str, Any] = dict(weights=[0.7, 0.3]) if mixed else {}
+    kw: dict[str, Any] = {"weights": [0.7, 0.3]} if mixed else {}
     (w, b, pad), (w2, b2, pad2) = old, new
     before = [load(paths, batch_size=b, pad=pad, rank=r, world_size=w, **kw) for r in range(w)]
     for dl in before:

@@ -11,7 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
+from fastfeed.sampling.samplers import (
+    DistributedLengthBucketSampler,
+    DistributedTokenBudgetSampler,
+)
 
 LENGTHS = np.random.default_rng(7).integers(5, 300, size=173)
 

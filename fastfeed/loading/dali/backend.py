@@ -83,8 +83,8 @@ from fastfeed.host import cpu_count
 from fastfeed.loading.auto import lookup
 from fastfeed.loading.dali.pipeline import DaliLoader
 from fastfeed.loading.knobs import Knob, SearchSpace
-from fastfeed.loading.planner import PlanSpec
 from fastfeed.loading.options import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, check_dali_knobs
+from fastfeed.loading.planner import PlanSpec
 from fastfeed.packed.index import DatasetIndex
 
 __all__ = [
