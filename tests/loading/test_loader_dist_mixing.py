@@ -49,8 +49,8 @@ def _steps(dl: Any, limit: int | None = None) -> list[list[Any]]:
 def run_rank(rank: int, world: int, roots: list[str], out: str, init: str, state: str | None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        dl = fastfeed.loader(roots, weights=[2, 1], batch_size=3, pad=False, num_workers=1, decode=None,
-                             seed=5)
+        dl = fastfeed.loader(roots, weights=[2, 1], epoch_samples=28, batch_size=3, pad=False, num_workers=1,
+                             decode=None, seed=5)
         result: dict[str, Any] = {"len": len(dl)}
         if state is None:
             dl.set_epoch(0)
@@ -77,20 +77,23 @@ def _job(tmp_path: Path, roots: list[str], world: int, state: str | None, name: 
 
 
 def test_mixing_pad_false_and_an_elastic_resume_from_three_ranks_to_two(tmp_path: Path) -> None:
-    write_dataset(tmp_path / "a", shard_counts=(9, 9, 4), fields=_named("a"))  # 22
+    write_dataset(tmp_path / "a", shard_counts=(9, 9, 4), fields=_named("a"))  # 22: 19 of them per epoch
     write_dataset(tmp_path / "b", shard_counts=(6,), fields=_named("b"))  # 6
     roots = [str(tmp_path / "a"), str(tmp_path / "b")]
-    ref = fastfeed.loader(roots, weights=[2, 1], batch_size=1000, decode=None, num_workers=0, seed=5)
+    ref = fastfeed.loader(roots, weights=[2, 1], epoch_samples=28, batch_size=1000, decode=None, num_workers=0,
+                          seed=5)
     epoch = {e: (ref.set_epoch(e), Counter((s, t.decode()) for b in ref
                                          for s, t in zip(b["__source__"].tolist(), b["txt"])))[1]
              for e in (0, 1)}
-    assert sum(epoch[0].values()) == 33  # 22 / (2/3) positions: A once, B cycled
+    assert sum(epoch[0].values()) == 28 and len({t for s, t in epoch[0] if s == 1}) == 6  # B cycled
 
     three = _job(tmp_path, roots, 3, None, "w3")
     assert len({r["len"] for r in three}) == 1 and len({len(r["epoch0"]) for r in three}) == 1
     got = Counter((s, t) for r in three for step in r["epoch0"] for s, t, v in step)
     assert got == epoch[0]  # pad=False: every sample of the epoch exactly once over the ranks
     assert all(v for r in three for step in r["epoch0"] for _, _, v in step)
+    # 28 over 3 ranks: spans 9, 9, 10 -> 4 steps; the 9-sample ranks end on an empty batch (no hang)
+    assert sorted(len(r["epoch0"][-1]) for r in three) == [0, 0, 1]
 
     state = three[0]["state"]
     assert state["stages"] == [[3, 3, "exact", 2]]
