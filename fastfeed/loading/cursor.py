@@ -325,7 +325,8 @@ class Resumable:
     _cursor: EpochCursor
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+        """Batches per epoch on this rank (the same on every rank); a pass that resumes an
+        epoch saved at another shape delivers only that epoch's rest."""
         return self._cursor.num_batches
 
     @property

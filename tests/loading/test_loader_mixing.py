@@ -257,6 +257,24 @@ def test_elastic_resume_chains_and_resumes_at_the_same_shape(two: tuple[Path, Pa
     assert sorted(t for _, t in consumed + rest) == sorted(f"a{i}" for i in range(25))
 
 
+def test_persistent_workers_follow_a_resume_at_another_shape(two: tuple[Path, Path]) -> None:
+    a = str(two[0])
+    saved = [load(a, batch_size=2, rank=r, world_size=3) for r in range(3)]
+    consumed = _run_to(saved, 3)
+    dls = [load(a, batch_size=3, rank=r, world_size=2, num_workers=2) for r in range(2)]
+    rest = []
+    for dl in dls:
+        list(dl)  # the workers are up, at epoch 0 of the new shape
+        dl.load_state_dict(saved[0].state_dict())
+        rest += samples(list(dl), valid_only=True)
+        assert dl.epoch == 0 and dl.state_dict()["stages"][0] == [3, 2, "pad", 3]
+    assert sorted(t for _, t in consumed + rest) == sorted(f"a{i}" for i in range(25))
+    for dl in dls:
+        dl.set_epoch(0)  # a replay of epoch 0 is a fresh run's at this shape
+    fresh = [load(a, batch_size=3, rank=r, world_size=2) for r in range(2)]
+    assert [samples(dl) for dl in dls] == [samples(dl) for dl in fresh]
+
+
 # ---------------------------------------------------------------------- version-1 states
 def _v1(dl: Any, epoch: int, batches: int) -> dict[str, Any]:
     """The state the version-1 loader wrote at this point."""
@@ -275,7 +293,7 @@ def test_a_version_1_state_resumes_exactly(two: tuple[Path, Path]) -> None:
             old = plan_epoch(counts, seed=3, epoch=1, world_size=world, rank=r, batch_size=3, drop_last=False,
                              shuffle=True)
             want = [[names[i] for i in old.batch(b).tolist()] for b in range(old.num_batches)]
-            dl = load(a, batch_size=3, rank=r, world_size=world)
+            dl = load(a, batch_size=3, rank=r, world_size=world, num_workers=2 * (r == 1))
             dl.load_state_dict(_v1(dl, 1, 1))
             got = list(dl)
             assert [texts(b) for b in got] == want[1:] and want[1:]  # the old order, exactly
