@@ -171,8 +171,8 @@ class ShardBatches(IterableDataset):
                                           labels, fail)
         rows = kept_arr[[k for k in range(len(kept)) if k not in failed]] if failed else kept_arr
         if not rows.size:  # an empty batch (pad=False, or all skipped) has the keys of a full one
-            for k, v in self._empty.items():
-                batch.setdefault(k, v() if callable(v) else [])
+            for k in self._empty:
+                batch.setdefault(k, torch.zeros(0, dtype=torch.int64) if k == "label" else [])
         batch["__source__"] = torch.from_numpy(np.ascontiguousarray(which[rows], dtype=np.int64))
         batch["valid"] = torch.from_numpy(np.ascontiguousarray(planned.valid[rows], dtype=bool))
         batch[SKIPPED_KEY] = skipped
@@ -199,20 +199,17 @@ class ShardBatches(IterableDataset):
         skipped.append(str(err))
 
 
-def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> dict[str, Any]:
-    """The entries an empty batch carries besides ``__key__``: each field as an empty list,
-    ``label`` as an empty int64 tensor where batches have labels."""
+def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> tuple[str, ...]:
+    """The entries an empty batch carries besides ``__key__``: each field (an empty list),
+    and ``label`` (an empty int64 tensor) where batches have labels."""
     fields: dict[str, None] = {}
     for src in sources:
         fields.update(dict.fromkeys(src.index.fields))
-    out: dict[str, Any] = {}
     cpu = isinstance(decoder, CpuDecoder)
-    for f in fields:
-        if not (cpu and (is_image(f) or f == "cls")):
-            out[f] = None
+    out = [f for f in fields if not (cpu and (is_image(f) or f == "cls"))]
     if sources[0].index.labels is not None or (cpu and "cls" in fields):
-        out["label"] = lambda: torch.zeros(0, dtype=torch.int64)
-    return out
+        out.append("label")
+    return tuple(out)
 
 
 class _Epoch:
