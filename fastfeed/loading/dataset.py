@@ -183,8 +183,8 @@ class ShardBatches(IterableDataset):
         return batch
 
     def _labels(self, ids: np.ndarray, which: np.ndarray) -> np.ndarray | None:
-        """Index labels of the samples (every dataset has them, or none: checked in loader())."""
-        if self.sources[0].index.labels is None:
+        """Index labels of the samples, when every dataset records them (else None)."""
+        if any(src.index.labels is None for src in self.sources):
             return None
         out = np.zeros(len(ids), dtype=np.int64)
         for k in np.unique(which).tolist():
@@ -207,7 +207,7 @@ def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> tuple[st
         fields.update(dict.fromkeys(src.index.fields))
     cpu = isinstance(decoder, CpuDecoder)
     out = [f for f in fields if not (cpu and (is_image(f) or f == "cls"))]
-    if sources[0].index.labels is not None or (cpu and "cls" in fields):
+    if all(src.index.labels is not None for src in sources) or (cpu and "cls" in fields):
         out.append("label")
     return tuple(out)
 

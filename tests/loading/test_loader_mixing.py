@@ -99,11 +99,13 @@ def test_datasets_that_cannot_share_a_batch_are_named(two: tuple[Path, Path], tm
         load((*two, two[0]), weights=[1, 2])
     write_dataset(tmp_path / "nolab", shard_counts=(5,), fields=_named("n"), labels=False)
     with pytest.raises(ConfigError, match=r"differ in labels: .*/a record labels .*nolab do not"):
-        load((two[0], tmp_path / "nolab"), weights=[1, 1])
+        load((two[0], tmp_path / "nolab"), weights=[1, 1], decode="cpu")
+    raw = list(load((two[0], tmp_path / "nolab"), weights=[1, 1]))  # decode=None: raw cls, no index label
+    assert all("label" not in b and len(b["cls"]) == len(b["__key__"]) for b in raw)
     write_dataset(tmp_path / "img", shard_counts=(4,), fields=image_fields)
     with pytest.raises(ConfigError, match=r"/a \(fields cls, txt\) has no image field"):
         load((tmp_path / "img", two[0]), weights=[1, 1], decode="cpu", image_size=8)
-    raw = list(load((tmp_path / "img", two[0]), weights=[1, 1], epoch_samples=8))  # raw: fields may differ
+    raw = list(load((tmp_path / "img", two[0]), weights=[1, 1], epoch_samples=8))  # fields may differ
     assert {k for b in raw for k in b} >= {"jpg", "json", "txt"}
     with pytest.raises(ConfigError, match="weights="):
         load(two, weights=[1, -1])
@@ -114,6 +116,15 @@ def test_a_list_of_tars_without_weights_is_still_one_dataset(two: tuple[Path, Pa
     dl = load(tars, shuffle=False, batch_size=25)
     (b,) = list(dl)
     assert b["__source__"].tolist() == [0] * 25 and sorted(texts(b)) == sorted(f"a{i}" for i in range(25))
+
+
+def test_webdataset_tars_mix_with_a_packed_dataset(two: tuple[Path, Path]) -> None:
+    tars = sorted(str(p) for p in two[0].glob("*.tar"))  # read as WebDataset tars (no index)
+    dl = load([tars, str(two[1])], weights=[1, 1], epoch_samples=20, shuffle=False)
+    got = samples(dl)
+    assert Counter(s for s, _ in got) == {0: 10, 1: 10} and {t for s, t in got if s == 1} == {f"b{i}" for i in
+                                                                                              range(10)}
+    assert all(t.startswith("ab"[s]) for s, t in got)
 
 
 def test_mixed_images_decode_together(tmp_path: Path) -> None:
