@@ -70,7 +70,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from fastfeed.errors import ConfigError, FastfeedError, StateError
 from fastfeed.loading.elastic import Layout, Stage, mode_of
-from fastfeed.loading.planner import PlanSpec, RankPlan
+from fastfeed.loading.options import LoaderOptions
+from fastfeed.loading.planner import PlanSpec, RankPlan, plan_spec
 from fastfeed.loading.position import MAX_STAGES, Position, rank_plan
 from fastfeed.loading.state import (
     MUST_MATCH,
@@ -80,6 +81,7 @@ from fastfeed.loading.state import (
     check_version,
     v1_stage,
 )
+from fastfeed.packed.index import DatasetIndex
 
 __all__ = ["EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "check_state"]
 
@@ -150,6 +152,21 @@ class EpochCursor:
         self._legacy = False  # self._epoch resumes a version-1 state the old way
         self._epoch_set = False
         self._passes = 0
+
+    @classmethod
+    def for_options(cls, index: DatasetIndex, options: LoaderOptions,
+                    spec: PlanSpec | None = None) -> "EpochCursor":
+        """The cursor of a loader over one dataset ``index`` with ``options``; ``spec`` carries
+        its subset/filter (:func:`fastfeed.loading.sources.open_sources`), None: every sample.
+
+        Example:
+            >>> cursor = EpochCursor.for_options(index, options)     # doctest: +SKIP
+        """
+        o = options
+        if spec is None:
+            spec = plan_spec([index.shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.shuffle_block)
+        return cls(spec, fingerprints=[index.fingerprint], batch_size=o.batch_size, drop_last=o.drop_last,
+                   pad=o.pad, rank=o.rank, world_size=o.world_size)
 
     # ------------------------------------------------------------------ epochs and passes
     @property

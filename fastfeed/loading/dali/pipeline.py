@@ -57,7 +57,7 @@ from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
-from fastfeed.loading.planner import PlanSpec, plan_spec
+from fastfeed.loading.planner import PlanSpec
 from fastfeed.loading.stats import LoaderStats
 
 # build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
@@ -135,12 +135,7 @@ class DaliLoader(Resumable):
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
         self.stats = LoaderStats(log_every=options.log_every)
-        if spec is None:
-            spec = plan_spec([index.shard_counts], seed=options.seed, shuffle=options.shuffle,
-                             shuffle_block=options.shuffle_block)
-        self._cursor = EpochCursor(spec, fingerprints=[index.fingerprint], batch_size=options.batch_size,
-                                   drop_last=options.drop_last, pad=options.pad, rank=options.rank,
-                                   world_size=options.world_size)
+        self._cursor = EpochCursor.for_options(index, options, spec)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
         self._maps = ShardMaps(index, cache_dir=options.cache_dir, cache_size=options.cache_size,
