@@ -43,21 +43,24 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastfeed._util import format_bytes
+from fastfeed.errors import ConfigError
 from fastfeed.loading.compat import FrameworkHooks
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
 from fastfeed.loading.bottleneck import line_hook
-from fastfeed.loading.cursor import STATE_VERSION, BatchStream, EpochCursor, Pass, Resumable
+from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Pass, Resumable
 from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
 from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.elastic import Stage, mode_of
 from fastfeed.loading.sampled import SamplerBatches, check_sampler_fits
+from fastfeed.loading.sources import Sources, open_sources
 from fastfeed.loading.stats import LoaderStats
 from fastfeed.loading.tokens import TokenBatches, padding_of
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.packed.reader import ShardSource, check_shards, resolve_index
+from fastfeed.packed.reader import ShardSource
 from fastfeed.storage.remote import is_url
 
 # STATE_VERSION (the state_dict layout) lives in fastfeed.loading.cursor; importable from here too
@@ -96,9 +99,8 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
     def __init__(self, dataset: ShardBatches, *, num_workers: int, prefetch_factor: int | None,
                  pin_memory: bool, persistent_workers: bool, timeout: float,
                  multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
-                 log_every: int | None, workers_from: str, reuse_buffers: bool = False,
-                 stream: BatchStream | None = None, sampler: None = None,
-                 batch_sampler: None = None) -> None:
+                 log_every: int | None, workers_from: str, cursor: EpochCursor,
+                 reuse_buffers: bool = False, sampler: None = None, batch_sampler: None = None) -> None:
         # sampler / batch_sampler: only None, which frameworks that re-create a DataLoader over an
         # IterableDataset pass (Lightning's predict); DataLoader rejects anything else
         kwargs: dict[str, Any] = {}
@@ -116,22 +118,19 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         if reuse_buffers and num_workers > 0 and persistent_workers:
             self._pool = dataset.pool = BufferPool(num_workers, (prefetch_factor or 2) + 1)
         self.index: DatasetIndex = dataset.source.index
+        self.indexes: tuple[DatasetIndex, ...] = tuple(src.index for src in dataset.sources)
         self.rank, self.world_size = dataset.rank, dataset.world_size
         self.stats = LoaderStats(log_every=log_every)
         self.stats.add_line_hook(line_hook(num_workers))  # "; decode-bound (workers busy 97%, ...)"
         self.workers_from = workers_from
-        self._cursor = EpochCursor(
-            fingerprint=self.index.fingerprint, shard_counts=self.index.shard_counts,
-            batch_size=dataset.batch_size, seed=dataset.seed, shuffle=dataset.shuffle,
-            drop_last=dataset.drop_last, shuffle_block=dataset.shuffle_block, rank=dataset.rank,
-            world_size=dataset.world_size, stream=stream)
+        self._cursor = cursor
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         return self._cursor.run(self._open_pass)
 
     def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
         """The batches of pass ``p``: the workers start (or reset) at its epoch and first batch."""
-        self.dataset.set_position(p.epoch, p.start)
+        self.dataset.set_position(p.position)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
         return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
@@ -195,13 +194,21 @@ def loader(
     pad_id: int | None = None,
     pad_multiple: int = 1,
     batch_sampler: Any = None,
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+    subset: Any = None,
+    filter: Any = None,
+    pad: bool = True,
     **dali_options: Any,
 ) -> Loader:
     """A deterministic, resumable, rank- and worker-aware DataLoader over fastfeed shards.
 
     Args:
         path_or_url: a packed dataset (folder or fsspec URL with ``index.json``), or
-            WebDataset tars without index (folder, shard, list, brace pattern, glob).
+            WebDataset tars without index (folder, shard, list, brace pattern, glob). With
+            ``weights``, a list of such datasets to mix (one entry each; an entry may be a
+            list of tars). A list of packed folders without ``weights`` is an error asking
+            for them; a list of tars without ``weights`` is one dataset.
         batch_size: samples per batch on each rank (rows with ``seq_len``; from the sampler
             with ``batch_sampler``).
         shuffle: new shard and sample order every epoch (False: index order).
@@ -215,7 +222,8 @@ def loader(
         prefetch_factor: batches prefetched per worker, or ``"auto"``.
         pin_memory: page-locked batches for fast GPU copies (default: CUDA is available).
         drop_last: drop the remainder (only full batches) instead of repeating up to
-            ``world_size - 1`` samples to give every rank the same count.
+            ``world_size - 1`` samples (flagged ``batch["valid"] == False``) to give every
+            rank the same count.
         rank, world_size: default from torch.distributed, then RANK/WORLD_SIZE, then (0, 1).
         on_error: ``"raise"`` on a bad sample (names shard, key, offset), or ``"skip"``
             it (counted in ``stats``, logged once).
@@ -238,7 +246,9 @@ def loader(
             another process without copying them.
         seq_len: pack the epoch's documents (a ``tokens`` field) into rows of exactly this
             many tokens: ``input_ids``, ``position_ids``, ``valid``, ``cu_seqlens`` (see
-            :mod:`fastfeed.loading.tokens`).
+            :mod:`fastfeed.loading.tokens`). One whole dataset only (no ``weights``, ``subset``,
+            ``filter``, ``epoch_samples``, ``pad=False``); its state resumes at its world
+            size and batch size only.
         pad_id: the value of padded ``input_ids`` (default: the pad id ``pack --tokenizer``
             stored, else 0). Without ``seq_len``, a tokens field and ragged arrays from a
             ``transform`` come out padded, with an ``attention_mask``
@@ -246,7 +256,21 @@ def loader(
         pad_multiple: round padded lengths up to a multiple of this.
         batch_sampler: a ``DistributedTokenBudgetSampler`` or ``DistributedLengthBucketSampler``
             that decides every batch (:mod:`fastfeed.loading.sampled`); the batch size and
-            the order come from it.
+            the order come from it. One whole dataset only, like ``seq_len``.
+        weights: one per dataset of ``path_or_url`` (normalised): each batch's samples
+            come from the datasets in these proportions, and ``batch["__source__"]`` (int64)
+            says which dataset each sample is from.
+        epoch_samples: samples per epoch when mixing (default: the largest-weight dataset
+            read once; smaller ones are cycled in complete reshuffled passes).
+        subset: sample ids (or a bool mask) to keep; with several datasets, a list with one
+            per dataset (None for none).
+        filter: ``fn(meta) -> bool mask`` over the index's per-sample metadata (numpy
+            arrays ``"index"``, ``"label"``, ``"length"``, ``"key"`` where recorded),
+            evaluated once; with several datasets, one per dataset.
+        pad: with ``drop_last=False``, repeat up to ``world_size - 1`` samples so every
+            rank's share has the same size (True), or deliver every sample exactly once
+            (False): every rank still runs the same number of steps, a rank's last batch may
+            be shorter or empty (a dict of zero-length entries).
         **dali_options: the options of ``decode="dali"`` only (``num_threads``,
             ``hw_decoder_load``, ``prefetch_queue_depth``, ``num_pipelines``, ``device_id``,
             ``output``, ``mean``, ``std``, ``layout``; see :mod:`fastfeed.loading.dali.backend`). With
@@ -261,13 +285,53 @@ def loader(
         :class:`~fastfeed.loading.dali.pipeline.DaliLoader` with the same epoch, resume and
         ``stats`` API); each batch is a dict (see :mod:`fastfeed.decode.cpu`).
 
-    Raises:
-        ConfigError: an invalid argument (validated before any data is read).
+    Every batch of samples also carries ``"valid"`` (bool, False exactly on padding repeats)
+    and ``"__source__"`` (int64, the dataset of each sample; all 0 for one dataset); with
+    ``seq_len``, ``"valid"`` is the per-token loss mask of the rows instead.
 
-    Example:
+    Resume: :meth:`Loader.load_state_dict` takes a state saved at another world size,
+    batch size or ``drop_last``/``pad`` (elastic resume): the epoch continues with exactly
+    its unconsumed samples dealt to the new ranks, each once; later epochs are a fresh
+    run's at the new shape. A state of other data or another order is refused. A
+    ``seq_len`` / ``batch_sampler`` state (the same layout plus their fields) resumes only
+    at its world size and batch size.
+
+    Raises:
+        ConfigError: an invalid argument (validated before any data is read), weights that
+            do not fit the datasets, or datasets that cannot share a batch (named).
+
+    Examples:
+        One dataset:
+
         >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224)  # doctest: +SKIP
         >>> batch = next(iter(dl)); batch["image"].shape, batch["label"].dtype         # doctest: +SKIP
         (torch.Size([256, 3, 224, 224]), torch.int64)
+
+        Mixing datasets, 70/30 in every batch:
+
+        >>> dl = fastfeed.loader(["/data/web-ff", "/data/books-ff"], weights=[0.7, 0.3],
+        ...                      batch_size=100, decode=None)                          # doctest: +SKIP
+        >>> int((next(iter(dl))["__source__"] == 1).sum())                              # doctest: +SKIP
+        30
+
+        Filters and subsets (evaluated once, from the index's metadata):
+
+        >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=256, image_size=224,
+        ...                      filter=lambda m: m["label"] < 100)                    # doctest: +SKIP
+
+        Elastic resume (a state saved by 8 ranks, loaded on 6 with another batch size):
+
+        >>> dl = fastfeed.loader("/data/imagenet-ff", batch_size=320, image_size=224)  # doctest: +SKIP
+        >>> dl.load_state_dict(torch.load("ckpt.pt")["data"])                           # doctest: +SKIP
+        >>> dl.state_dict()["stages"]                                                   # doctest: +SKIP
+        [[8, 256, 'pad', 1200], [6, 320, 'pad', 0]]
+
+        Exact-once evaluation (every sample once over all ranks, equal steps):
+
+        >>> val = fastfeed.loader("/data/val-ff", batch_size=250, image_size=224, augment=False,
+        ...                       pad=False, shuffle=False)                             # doctest: +SKIP
+        >>> sum(len(b["__key__"]) for b in val)       # this rank's share, no repeat     # doctest: +SKIP
+        6250
     """
     check_source(path_or_url, decode)
     options = loader_options(
@@ -280,60 +344,79 @@ def loader(
         crop_fraction=crop_fraction, log_every=log_every, timeout=timeout,
         multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
         reuse_buffers=reuse_buffers, seq_len=seq_len, pad_id=pad_id, pad_multiple=pad_multiple,
-        batch_sampler=batch_sampler, **dali_options,
+        batch_sampler=batch_sampler, weights=weights, epoch_samples=epoch_samples, subset=subset,
+        filter=filter, pad=pad, **dali_options,
     )
-    index = resolve_index(path_or_url, cache_dir=options.cache_dir, cache_size=options.cache_size,
-                          storage_options=options.storage_options, on_error=options.on_error)
-    check_shards(index)
+    sources = open_sources(path_or_url, options)
+    if options.batch_sampler is not None or options.seq_len is not None:
+        check_whole_dataset(sources, options)
     if options.batch_sampler is not None:
+        index = sources.indexes[0]
         check_sampler_fits(options.batch_sampler, index.num_samples, index.root or index.input)
     elif options.seq_len is None:  # seq_len: TokenBatches checks that one window of tokens fits
-        options.check_fits(index.num_samples)
+        options.check_fits(sources.spec.epoch_samples)
     if options.decode == "dali":
-        return dali_loader(index, options)
-    return _cpu_loader(index, options)
+        return dali_loader(sources.indexes[0], options, sources.spec)
+    return _cpu_loader(sources, options)
 
 
-def _cpu_loader(index: DatasetIndex, o: LoaderOptions) -> Loader:
+def _cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
     """``decode="cpu"`` / None: DataLoader workers decode whole batches of the epoch plan."""
+    index = sources.indexes[0]  # a tune result is looked up for the first dataset
     workers, prefetch, workers_from = resolve_auto(
         index, batch_size=o.batch_size, decode=o.decode, image_size=o.image_size,
         num_workers=o.num_workers, prefetch_factor=o.prefetch_factor)
-    max_open = _max_open(index, o.shuffle_block, o.cache_dir)
-    if o.cache_dir is None and index.shards and is_url(index.shard_path(0)):
-        _warn_no_cache(index, workers, max_open)
-    pad, tokens_field = padding_of(index, o)
+    for idx in sources.indexes:
+        if o.cache_dir is None and idx.shards and is_url(idx.shard_path(0)):
+            _warn_no_cache(idx, workers, _max_open(idx, o.shuffle_block, o.cache_dir))
+    padding, tokens_field = padding_of(index, o)
     decoder: CpuDecoder | RawDecoder
     if o.decode == "cpu":
         decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
                              image_field=o.image_field, transform=o.transform, scale=o.crop_scale,
-                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction, pad=pad,
+                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction, pad=padding,
                              tokens_field=tokens_field)
     else:
-        decoder = RawDecoder(o.transform, pad=pad)
-    source = ShardSource(index, cache_dir=o.cache_dir, cache_size=o.cache_size,
-                         storage_options=o.storage_options, max_open=max_open)
+        decoder = RawDecoder(o.transform, pad=padding)
+    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.cache_size,
+                           storage_options=o.storage_options, max_open=_max_open(idx, o.shuffle_block, o.cache_dir))
+               for idx in sources.indexes]
+    shape = Stage(o.world_size, o.batch_size, mode_of(drop_last=o.drop_last, pad=o.pad))
     dataset: ShardBatches | TokenBatches
-    stream: BatchStream | None = None
-    order: dict[str, Any] = {
-        "batch_size": o.batch_size, "seed": o.seed, "shuffle": o.shuffle, "drop_last": o.drop_last, "rank": o.rank,
-        "world_size": o.world_size, "shuffle_block": o.shuffle_block, "on_error": o.on_error}
     if o.seq_len is not None:
-        dataset = TokenBatches.from_options(source, o)
-        stream = dataset.stream
+        dataset = TokenBatches.from_options(readers[0], o)
     elif o.batch_sampler is not None:
-        dataset = SamplerBatches(source, decoder, sampler=o.batch_sampler, **order)
-        stream = dataset.stream
+        dataset = SamplerBatches(readers[:1], decoder, spec=sources.spec, shape=shape, rank=o.rank,
+                                 on_error=o.on_error, sampler=o.batch_sampler)
     else:
-        dataset = ShardBatches(source, decoder, **order)
+        dataset = ShardBatches(readers, decoder, spec=sources.spec, shape=shape, rank=o.rank, on_error=o.on_error)
+    cursor = EpochCursor(sources.spec, fingerprints=sources.fingerprints, batch_size=o.batch_size,
+                         drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size,
+                         stream=getattr(dataset, "stream", None))  # seq_len / batch_sampler batches
     return Loader(
         dataset, num_workers=workers, prefetch_factor=prefetch,
         pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
         persistent_workers=o.persistent_workers, timeout=o.timeout,
         multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
-        log_every=o.log_every, workers_from=workers_from,
-        reuse_buffers=o.reuse_buffers and o.seq_len is None, stream=stream,
+        log_every=o.log_every, workers_from=workers_from, cursor=cursor,
+        reuse_buffers=o.reuse_buffers and o.seq_len is None,
     )
+
+
+def check_whole_dataset(sources: Sources, o: LoaderOptions) -> None:
+    """``seq_len`` / ``batch_sampler`` loaders read one whole dataset, every sample per epoch.
+
+    Raises:
+        ConfigError: with mixing, ``subset``/``filter``, ``epoch_samples`` or ``pad=False``.
+    """
+    what = "seq_len=" if o.seq_len is not None else "batch_sampler="
+    used = [name for name, on in (
+        (f"{len(sources.indexes)} datasets (weights=)", len(sources.indexes) > 1),
+        ("subset=/filter=", any(s.kept is not None for s in sources.spec.sources)),
+        ("epoch_samples=", o.epoch_samples is not None), ("pad=False", not o.pad)) if on]
+    if used:
+        raise ConfigError(f"loader({what}...) reads one whole dataset in its own order, and got {', '.join(used)}; "
+                          f"drop {' and '.join(used)}, or drop {what} (sample batches mix, select and pad)")
 
 
 def _max_open(index: DatasetIndex, shuffle_block: int, cache_dir: Any) -> int:

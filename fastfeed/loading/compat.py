@@ -43,7 +43,9 @@ def recreate_kwargs(loader: Any) -> dict[str, Any]:
     """Keyword arguments of ``Loader(**kwargs)`` for a loader equivalent to ``loader``.
 
     The same dataset object (so the same rank, order and decoding) and worker settings;
-    the new loader starts at epoch 0 with its own ``stats``. It does not reuse batch
+    the new loader starts at epoch 0 with its own ``stats`` and a fresh cursor built like
+    ``loader``'s (:meth:`~fastfeed.loading.cursor.EpochCursor.fresh`: same plan, shape and
+    ``seq_len`` / ``batch_sampler`` stream, no position). It does not reuse batch
     buffers (``reuse_buffers=False``): the buffer pool lives on the shared dataset and
     belongs to ``loader``'s workers.
 
@@ -56,8 +58,7 @@ def recreate_kwargs(loader: Any) -> dict[str, Any]:
     if kwargs["num_workers"] == 0:  # DataLoader's defaults; Loader passes neither without workers
         kwargs["prefetch_factor"], kwargs["persistent_workers"] = None, False
     kwargs.update(dataset=loader.dataset, log_every=loader.stats.log_every or None,
-                  workers_from=loader.workers_from, reuse_buffers=False,
-                  stream=getattr(loader.dataset, "stream", None))  # seq_len / batch_sampler batches
+                  workers_from=loader.workers_from, reuse_buffers=False, cursor=loader._cursor.fresh())
     return kwargs
 
 

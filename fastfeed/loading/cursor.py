@@ -38,13 +38,23 @@ for both backends, and a state saved by one resumes in the other.
   (an older iterator raises instead of taking the new pass's batches).
 
 **State.** ``state_dict()`` is a few ints and strings, the same for every backend:
-``{"fastfeed_loader": 1, "epoch", "batches", "rank", ...}`` with what the order depends
-on (:data:`MUST_MATCH`); :func:`check_state` names every difference when they do not
-match. The saving rank does not matter: all ranks consume the same number of batches.
+``{"fastfeed_loader": 2, "epoch", "batches", "stages", "rank", ...}`` with what the order
+depends on (:data:`~fastfeed.loading.state.MUST_MATCH`; the layout and the reading of
+version-1 states are :mod:`fastfeed.loading.state`); :func:`check_state` names every
+difference when they do not match. The saving rank does not matter: all ranks consume
+the same number of batches.
+
+**Elastic resume.** A state saved at another world size, batch size or
+``drop_last``/``pad`` continues the same epoch: the new ranks deal exactly the samples
+the old run had not consumed, each once (plus at most ``world_size - 1`` padding
+repeats, ``valid=False``), and later epochs are a fresh run's at the new shape. The
+plan of every pass comes from :func:`fastfeed.loading.position.rank_plan` (the
+planner, :mod:`fastfeed.loading.planner`), for both backends and their workers.
 
 Example:
-    >>> c = EpochCursor(fingerprint="ab12", shard_counts=[5, 5], batch_size=4, seed=0, shuffle=True,
-    ...                 drop_last=False, shuffle_block=8192, rank=0, world_size=1)
+    >>> from fastfeed.loading.planner import plan_spec
+    >>> c = EpochCursor(plan_spec([[5, 5]]), fingerprints=["ab12"], batch_size=4, drop_last=False,
+    ...                 rank=0, world_size=1)
     >>> list(c.run(lambda p: iter([f"e{p.epoch}b{b}" for b in range(p.start, 3)])))
     ['e0b0', 'e0b1', 'e0b2']
     >>> it = c.run(lambda p: iter([f"e{p.epoch}b{b}" for b in range(p.start, 3)]))
@@ -54,103 +64,143 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
-
-import numpy as np
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from fastfeed.errors import ConfigError, FastfeedError, StateError
+from fastfeed.loading.elastic import Layout, Stage, mode_of
 from fastfeed.loading.options import LoaderOptions
-from fastfeed.loading.plan import EpochPlan, num_batches, plan_epoch
+from fastfeed.loading.planner import PlanSpec, RankPlan, plan_spec
+from fastfeed.loading.position import MAX_STAGES, Position, rank_plan
+from fastfeed.loading.state import (
+    MUST_MATCH,
+    STATE_VERSION,
+    STREAM_KEYS,
+    BatchStream,
+    check_stream_keys,
+    check_stream_state,
+    check_fields,
+    check_stages,
+    check_version,
+    v1_stage,
+)
 from fastfeed.packed.index import DatasetIndex
 
-__all__ = ["BatchStream", "EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "check_state"]
+# BatchStream and STREAM_KEYS live in fastfeed.loading.state; importable from here too
+__all__ = ["BatchStream", "EpochCursor", "MUST_MATCH", "Pass", "Resumable", "STATE_VERSION", "STREAM_KEYS",
+           "check_state"]
 
 T = TypeVar("T")
 
-#: Version of the ``state_dict()`` layout.
-STATE_VERSION = 1
-#: State fields that must match exactly, in the order they are reported.
-MUST_MATCH = ("dataset", "num_samples", "world_size", "batch_size", "drop_last", "shuffle", "seed",
-              "shuffle_block")
-_INTS = ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block")
 _PLANS_KEPT = 3  # a DALI feed runs into the next epoch while this one ends
-#: State fields of the batch streams (:class:`BatchStream`): a state holding one fits only a
-#: loader of that kind.
-STREAM_KEYS = ("seq_len", "sampler")
-
-
-class BatchStream(Protocol):
-    """A loader whose batches are not the sample plan's (``seq_len``, ``batch_sampler``):
-    how many batches an epoch has, and what its state adds (see :mod:`fastfeed.loading.tokens`,
-    :mod:`fastfeed.loading.sampled`). The cursor's epochs, passes and batch counts are unchanged."""
-
-    def num_batches(self, epoch: int) -> int:
-        """Batches of ``epoch`` on this rank (the same on every rank)."""
-
-    def state(self, epoch: int, batches: int) -> dict[str, Any]:
-        """The fields it adds to the state after ``batches`` batches of ``epoch``."""
-
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise :class:`~fastfeed.errors.StateError` if ``state`` was saved by another stream."""
+_V1_MATCH = ("dataset", "num_samples", "shuffle", "seed", "shuffle_block")
 
 
 @dataclass(frozen=True)
 class Pass:
-    """One pass over the data: its epoch, first batch, and number (the newest delivers)."""
+    """One pass over the data: its epoch, first batch, number (the newest delivers), and
+    the earlier stages of its epoch (elastic resume) or the legacy flag (version-1 state)."""
 
     epoch: int
     start: int
     number: int
+    prior: tuple[Stage, ...] = ()
+    legacy: bool = False
+
+    @property
+    def position(self) -> Position:
+        """What the workers need to plan this pass."""
+        return Position(self.epoch, self.start, self.prior, self.legacy)
+
+
+def _selection_digest(spec: PlanSpec) -> list[str | None] | None:
+    if all(s.kept is None for s in spec.sources):
+        return None
+    return [None if s.kept is None else hashlib.sha256(memoryview(s.kept).cast("B")).hexdigest()[:16]
+            for s in spec.sources]
 
 
 class EpochCursor:
     """The epoch/resume state machine of one loader on one rank (see the module docstring).
 
     Args:
-        fingerprint: the dataset's fingerprint (``DatasetIndex.fingerprint``).
-        shard_counts: samples per shard, in index order.
-        batch_size, seed, shuffle, drop_last, shuffle_block, rank, world_size: the order
-            (see :func:`fastfeed.loading.plan.plan_epoch`).
+        spec: the validated datasets, weights, selections and order
+            (:func:`fastfeed.loading.planner.plan_spec`).
+        fingerprints: each dataset's fingerprint (``DatasetIndex.fingerprint``).
+        batch_size, drop_last, pad, rank, world_size: this loader's shape.
+        stream: the batches of a ``seq_len`` / ``batch_sampler`` loader, which are not the
+            sample plan's (:class:`~fastfeed.loading.state.BatchStream`): it gives the batches
+            per epoch and adds its fields to the state; such a state resumes only at its shape.
     """
 
-    def __init__(self, *, fingerprint: str, shard_counts: Sequence[int] | np.ndarray, batch_size: int,
-                 seed: int, shuffle: bool, drop_last: bool, shuffle_block: int, rank: int,
-                 world_size: int, stream: BatchStream | None = None) -> None:
-        self._counts = np.asarray(shard_counts, dtype=np.int64)
-        num_samples = int(self._counts.sum())
+    def __init__(self, spec: PlanSpec, *, fingerprints: Sequence[str], batch_size: int, drop_last: bool,
+                 rank: int, world_size: int, pad: bool = True, stream: BatchStream | None = None) -> None:
+        self._args: dict[str, Any] = {"fingerprints": list(fingerprints), "batch_size": batch_size,
+                                      "drop_last": drop_last, "rank": rank, "world_size": world_size,
+                                      "pad": pad, "stream": stream}
+        self.spec = spec
+        self.rank = int(rank)
+        self.shape = Stage(int(world_size), int(batch_size), mode_of(drop_last=drop_last, pad=pad))
         self._stream = stream
-        self._num_batches = num_batches(num_samples, world_size=world_size, batch_size=batch_size,
-                                        drop_last=drop_last)
-        self._order: dict[str, Any] = {
-            "seed": seed, "world_size": world_size, "rank": rank, "batch_size": batch_size,
-            "drop_last": drop_last, "shuffle": shuffle, "shuffle_block": shuffle_block,
-            "dataset": fingerprint, "num_samples": num_samples,
+        self._fresh_batches = Layout(spec.epoch_samples, self.shape.world_size, self.shape.batch_size,
+                                     self.shape.mode).num_batches
+        single = len(spec.sources) == 1
+        self._ident: dict[str, Any] = {
+            "dataset": fingerprints[0] if single else list(fingerprints),
+            "num_samples": int(sum(s.size for s in spec.sources)),
+            "weights": None if single else [float(p) for p in spec.pattern.probabilities],
+            "epoch_samples": spec.epoch_samples,
+            "selection": _selection_digest(spec),
+            "seed": spec.seed, "shuffle": spec.shuffle, "shuffle_block": spec.shuffle_block,
         }
-        self._plans: dict[int, EpochPlan] = {}
+        self._shape_fields = {"world_size": self.shape.world_size, "batch_size": self.shape.batch_size,
+                              "drop_last": bool(drop_last), "pad": bool(pad)}
+        self._plans: dict[tuple[int, tuple[Stage, ...], bool], RankPlan] = {}
         self._epoch = 0
-        self._consumed = 0  # batches of self._epoch handed out (incl. a resumed prefix)
+        self._consumed = 0  # batches of self._epoch handed out at this shape (incl. a resumed prefix)
         self._resume: int | None = None  # first batch of the next pass, from load_state_dict
+        self._prior: tuple[Stage, ...] = ()  # stages of self._epoch at other shapes (elastic resume)
+        self._legacy = False  # self._epoch resumes a version-1 state the old way
         self._epoch_set = False
         self._passes = 0
 
     @classmethod
-    def for_options(cls, index: DatasetIndex, options: LoaderOptions) -> "EpochCursor":
-        """The cursor of a loader over ``index`` with ``options``.
+    def for_options(cls, index: DatasetIndex, options: LoaderOptions,
+                    spec: PlanSpec | None = None) -> "EpochCursor":
+        """The cursor of a loader over one dataset ``index`` with ``options``; ``spec`` carries
+        its subset/filter (:func:`fastfeed.loading.sources.open_sources`), None: every sample.
 
         Example:
             >>> cursor = EpochCursor.for_options(index, options)     # doctest: +SKIP
         """
         o = options
-        return cls(fingerprint=index.fingerprint, shard_counts=index.shard_counts, batch_size=o.batch_size,
-                   seed=o.seed, shuffle=o.shuffle, drop_last=o.drop_last, shuffle_block=o.shuffle_block,
-                   rank=o.rank, world_size=o.world_size)
+        if spec is None:
+            spec = plan_spec([index.shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.shuffle_block)
+        return cls(spec, fingerprints=[index.fingerprint], batch_size=o.batch_size, drop_last=o.drop_last,
+                   pad=o.pad, rank=o.rank, world_size=o.world_size)
+
+    def fresh(self) -> "EpochCursor":
+        """A new cursor built like this one, at epoch 0 with no resume point (a re-created loader's).
+
+        Example:
+            >>> from fastfeed.loading.planner import plan_spec
+            >>> c = EpochCursor(plan_spec([[5]]), fingerprints=["ab12"], batch_size=2, drop_last=False,
+            ...                 rank=0, world_size=1)
+            >>> c.set_epoch(3); (c.epoch, c.fresh().epoch, c.fresh().num_batches)
+            (3, 0, 3)
+        """
+        return EpochCursor(self.spec, **self._args)
 
     # ------------------------------------------------------------------ epochs and passes
     @property
     def num_batches(self) -> int:
-        """Batches of the current (or next) epoch on this rank."""
-        return self._num_batches if self._stream is None else self._stream.num_batches(self._epoch)
+        """Batches of a fresh epoch on this rank (``len(loader)``; a stream's: of the current epoch)."""
+        return self._fresh_batches if self._stream is None else self._stream.num_batches(self._epoch)
+
+    def epoch_batches(self, epoch: int) -> int:
+        """Batches of ``epoch`` on this rank (after an elastic resume: of its rest)."""
+        return self.plan(epoch).num_batches if self._stream is None else self._stream.num_batches(epoch)
 
     @property
     def epoch(self) -> int:
@@ -159,7 +209,7 @@ class EpochCursor:
 
     @property
     def consumed(self) -> int:
-        """Batches of :attr:`epoch` handed out, a resumed prefix included."""
+        """Batches of :attr:`epoch` handed out at this shape, a resumed prefix included."""
         return self._consumed
 
     def set_epoch(self, epoch: int) -> None:
@@ -169,6 +219,7 @@ class EpochCursor:
         if self._resume is None or epoch != self._epoch:
             self._resume = None
             self._consumed = 0
+            self._prior, self._legacy = (), False
         self._epoch, self._epoch_set = epoch, True
 
     def begin_pass(self) -> Pass:
@@ -176,13 +227,18 @@ class EpochCursor:
         start = 0
         if self._resume is not None:
             start, self._resume = self._resume, None
-            if not self._epoch_set and start >= self.num_batches:
-                self._epoch, start = self._epoch + 1, 0  # the saved epoch was complete
+            if not self._epoch_set and start >= self.epoch_batches(self._epoch):
+                self._next_epoch()  # the saved epoch was complete
+                start = 0
         elif not self._epoch_set and self._passes > 0:
-            self._epoch += 1  # a new pass is a new epoch, finished or abandoned
+            self._next_epoch()  # a new pass is a new epoch, finished or abandoned
         self._passes += 1
         self._epoch_set, self._consumed = False, start
-        return Pass(self._epoch, start, self._passes)
+        return Pass(self._epoch, start, self._passes, self._prior, self._legacy)
+
+    def _next_epoch(self) -> None:
+        self._epoch += 1
+        self._prior, self._legacy = (), False
 
     def run(self, open_pass: Callable[[Pass], Iterator[T]]) -> Iterator[T]:
         """One pass, begun at the first ``next()``: :meth:`begin_pass`, then the batches of
@@ -205,93 +261,134 @@ class EpochCursor:
             self._consumed += 1
             yield batch
 
-    def plan(self, epoch: int) -> EpochPlan:
-        """This rank's plan of ``epoch`` (the last few are kept)."""
-        plan = self._plans.get(epoch)
+    def plan(self, epoch: int) -> RankPlan:
+        """This rank's plan of ``epoch`` (the rest of it after an elastic resume; the last few kept).
+
+        Raises:
+            ConfigError: a ``seq_len`` / ``batch_sampler`` loader, whose batches are its stream's.
+        """
+        if self._stream is not None:
+            raise ConfigError("a seq_len= / batch_sampler= loader's batches are not a sample plan; "
+                              "ask its dataset (TokenBatches.plan / SamplerBatches.plan)")
+        pos = Position(epoch, 0, self._prior, self._legacy) if epoch == self._epoch else Position(epoch, 0)
+        key = (epoch, pos.prior, pos.legacy)
+        plan = self._plans.get(key)
         if plan is None:
-            o = self._order
-            plan = plan_epoch(self._counts, seed=o["seed"], epoch=epoch, world_size=o["world_size"],
-                              rank=o["rank"], batch_size=o["batch_size"], drop_last=o["drop_last"],
-                              shuffle=o["shuffle"], shuffle_block=o["shuffle_block"])
+            plan = rank_plan(self.spec, self.shape, self.rank, pos)
             if len(self._plans) >= _PLANS_KEPT:
-                self._plans.pop(min(self._plans))
-            self._plans[epoch] = plan
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
         return plan
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: the epoch, batches consumed, and what the order depends on."""
-        o = self._order
+        """Where the loader is: the epoch, batches consumed, the stages, what the order depends on."""
+        return self._v1_state() if self._legacy else self._v2_state()
+
+    def _v2_state(self) -> dict[str, Any]:
+        s = self.shape
+        stages = [[p.world_size, p.batch_size, p.mode, p.batches] for p in self._prior]
         extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed)
         return {
             **extra,
             "fastfeed_loader": STATE_VERSION,
             "epoch": self._epoch,
             "batches": self._consumed,
-            "seed": o["seed"],
-            "world_size": o["world_size"],
-            "rank": o["rank"],
-            "batch_size": o["batch_size"],
-            "drop_last": o["drop_last"],
-            "shuffle": o["shuffle"],
-            "shuffle_block": o["shuffle_block"],
-            "dataset": o["dataset"],
-            "num_samples": o["num_samples"],
+            "stages": stages + [[s.world_size, s.batch_size, s.mode, self._consumed]],
+            "rank": self.rank,
+            **self._shape_fields,
+            **self._ident,
         }
 
+    def _v1_state(self) -> dict[str, Any]:
+        i, f = self._ident, self._shape_fields
+        extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed)
+        return {**extra, "fastfeed_loader": 1, "epoch": self._epoch, "batches": self._consumed, "seed": i["seed"],
+                "world_size": f["world_size"], "rank": self.rank, "batch_size": f["batch_size"],
+                "drop_last": f["drop_last"], "shuffle": i["shuffle"], "shuffle_block": i["shuffle_block"],
+                "dataset": i["dataset"], "num_samples": i["num_samples"]}
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` on the next pass (checked by :func:`check_state`)."""
-        if self._stream is not None and isinstance(state, Mapping):
-            self._stream.check_state(state)  # its own differences first: they explain the others
-        check_state(state, self.state_dict(), self._num_batches if self._stream is None else None)
+        """Continue from ``state`` on the next pass (checked by :func:`check_state`), at this
+        loader's shape, whatever the saved one (elastic resume)."""
         if self._stream is not None:
-            check_state(state, self.state_dict(), self._stream.num_batches(state["epoch"]))
-        self._epoch, self._consumed, self._resume = state["epoch"], state["batches"], state["batches"]
-        self._epoch_set = False
+            prior, resume, legacy = (), self._read_stream_state(state), False
+        else:
+            prior, resume, legacy = self._read_state(state)
+        if len(prior) >= MAX_STAGES:
+            raise StateError(f"loader state: the epoch already ran at {len(prior)} shapes; at most "
+                             f"{MAX_STAGES} are kept; resume at one of its shapes or from the next epoch")
+        self._epoch, self._consumed, self._resume = state["epoch"], resume, resume
+        self._prior, self._legacy, self._epoch_set = prior, legacy, False
+        self._plans.clear()
+
+    def _read_stream_state(self, state: Mapping[str, Any]) -> int:
+        """The first batch of a saved ``seq_len`` / ``batch_sampler`` state (its shape only)."""
+        stream = self._stream
+        if stream is None:
+            raise StateError("a sample loader reads its state with _read_state")
+        now = self._v2_state() if check_version(state) == 2 else self._v1_state()
+        check_stream_state(state, now, stream, self.shape)
+        return int(state["batches"])
+
+    def _read_state(self, state: Mapping[str, Any]) -> tuple[tuple[Stage, ...], int, bool]:
+        """(earlier stages, first batch at this shape, legacy) of a saved state."""
+        check_stream_keys(state, self._v2_state())
+        if check_version(state) == 2:
+            check_state(state, self._v2_state(), self.spec.epoch_samples)
+            stages = check_stages(state, self.spec.epoch_samples).stages
+        else:
+            stages = (self._v1_stage(state),)
+            if self._v1_needs_legacy(stages[0]):
+                return (), stages[0].batches, True
+        last = stages[-1]
+        if last.same_shape(self.shape):
+            return stages[:-1], last.batches, False
+        return stages, 0, False
+
+    def _v1_stage(self, state: Mapping[str, Any]) -> Stage:
+        if self._ident["weights"] is not None or self._ident["selection"] is not None:
+            raise StateError("a version-1 loader state describes one whole dataset, and this loader mixes "
+                             "datasets or has a subset/filter; resume with the loader it was saved by")
+        check_fields(state, self._v1_state(), _V1_MATCH)
+        stage = v1_stage(state)
+        n = Layout(self.spec.epoch_samples, stage.world_size, stage.batch_size, stage.mode).num_batches
+        if stage.batches > n:
+            raise StateError(f"loader state: batches={stage.batches} but an epoch of this loader has only {n}")
+        return stage
+
+    def _v1_needs_legacy(self, stage: Stage) -> bool:
+        """A version-1 state mid-epoch where the old plan padded: only the old plan resumes it exactly."""
+        n = self.spec.epoch_samples
+        lay = Layout(n, stage.world_size, stage.batch_size, stage.mode)
+        exact = stage.mode == "drop" or n % stage.world_size == 0 or stage.batches in (0, lay.num_batches)
+        if exact:
+            return False
+        if not stage.same_shape(self.shape):
+            raise StateError(
+                f"a version-1 loader state saved mid-epoch (world_size={stage.world_size}, batch_size="
+                f"{stage.batch_size}, drop_last=False) resumes only at that shape, now world_size="
+                f"{self.shape.world_size}, batch_size={self.shape.batch_size}, mode {self.shape.mode!r}; "
+                "resume there, or from the start of the next epoch (set_epoch)")
+        return True
 
 
-def check_state(state: Any, now: Mapping[str, Any], epoch_batches: int | None) -> None:
-    """Validate a saved loader state against the loader's own (``now``); ``epoch_batches``
-    (None: not checked) bounds its batches.
+def check_state(state: Any, now: Mapping[str, Any], epoch_samples: int) -> None:
+    """Validate a saved version-2 loader state against the loader's own (``now``).
 
     Raises:
         StateError: the state is malformed, or the order it was saved with differs (the
-            message names every difference: "saved with world_size=8, now 4").
+            message names every difference: "saved with seed=1, now 0").
 
     Example:
-        >>> check_state({"epoch": 1}, {"epoch": 0, "batches": 0}, 10)
+        >>> check_state({"fastfeed_loader": 2, "epoch": 1}, {"epoch": 0, "batches": 0}, 10)
         Traceback (most recent call last):
         ...
         fastfeed.errors.StateError: loader state lacks batches; pass the dict from Loader.state_dict()
     """
-    if not isinstance(state, Mapping):
-        raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-    missing = sorted(set(now) - set(state))
-    if missing:
-        raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
-    saved_by = [f"{k}={state[k]!r}" for k in STREAM_KEYS if k in state and k not in now]
-    if saved_by:
-        raise StateError(f"loader state saved by a loader with {', '.join(saved_by)}; resume it with the same "
-                         "seq_len= / batch_sampler=")
-    if state["fastfeed_loader"] != STATE_VERSION:
-        raise StateError(f"loader state version {state['fastfeed_loader']!r}, this fastfeed reads {STATE_VERSION}")
-    for name in _INTS:
-        v = state[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
-    diffs = [f"{k}={state[k]!r}, now {now[k]!r}" for k in MUST_MATCH if state[k] != now[k]]
-    if diffs:
-        raise StateError(
-            "loader state does not fit this loader: saved with " + "; ".join(diffs)
-            + ". Resume with the same dataset, world size, batch size, drop_last, shuffle, seed "
-            "and shuffle_block (the sample order depends on them)"
-        )
-    if not state["rank"] < state["world_size"]:
-        raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
-    if epoch_batches is not None and state["batches"] > epoch_batches:
-        raise StateError(
-            f"loader state: batches={state['batches']} but an epoch of this loader has only {epoch_batches}"
-        )
+    check_version(state)
+    check_fields(state, now, MUST_MATCH)
+    check_stages(state, epoch_samples)
 
 
 class Resumable:
@@ -301,7 +398,8 @@ class Resumable:
     _cursor: EpochCursor
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+        """Batches per epoch on this rank (the same on every rank); a pass that resumes an
+        epoch saved at another shape delivers only that epoch's rest."""
         return self._cursor.num_batches
 
     @property
@@ -331,7 +429,7 @@ class Resumable:
 
         Example:
             >>> dl.state_dict()                                    # doctest: +SKIP
-            {'fastfeed_loader': 1, 'epoch': 3, 'batches': 1200, 'seed': 0, 'world_size': 8, ...}
+            {'fastfeed_loader': 2, 'epoch': 3, 'batches': 1200, 'stages': [[8, 256, 'pad', 1200]], ...}
         """
         return self._cursor.state_dict()
 
@@ -339,8 +437,10 @@ class Resumable:
         """Continue from ``state`` (from :meth:`state_dict`) on the next pass.
 
         Every field is checked; anything the order depends on must match, and the error
-        says what differs (``"saved with world_size=8, now 4"``). The saving rank does
-        not matter: all ranks consume the same number of batches.
+        says what differs (``"saved with seed=1, now 0"``). The saving rank does not
+        matter: all ranks consume the same number of batches. A state saved at another
+        world size or batch size continues the same epoch (elastic resume: the rest of
+        the epoch is dealt to the new ranks, each unconsumed sample once).
 
         Raises:
             StateError: the state is malformed or was saved by a loader with another order.

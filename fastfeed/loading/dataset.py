@@ -1,11 +1,12 @@
 """Datasets over shards: an iterable of whole batches (for ``loader()``) and a map-style one.
 
-:class:`ShardBatches` yields collated batches, one epoch plan
-(:func:`fastfeed.loading.plan.plan_epoch`) at a time: batch ``b`` is built by worker
+:class:`ShardBatches` yields collated batches, one rank plan
+(:func:`fastfeed.loading.position.rank_plan`) at a time: batch ``b`` is built by worker
 ``(b - start) % num_workers``, so ``DataLoader(batch_size=None)`` hands them back in
 order and the stream does not depend on ``num_workers``. The epoch and the first batch
-of a pass live in a small shared-memory tensor, so persistent workers see
-``set_epoch`` and resume points without being restarted.
+of a pass (and the earlier stages of an elastically resumed epoch) live in a small
+shared-memory tensor, so persistent workers see ``set_epoch`` and resume points without
+being restarted. With several datasets (mixing) each has its own reader.
 
 Samples are read through :class:`fastfeed.packed.reader.ShardSource` (shards opened lazily in
 each worker). A shard that does not match the index is an error whatever ``on_error``
@@ -40,9 +41,13 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from fastfeed.decode import bufpool
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
+from fastfeed.decode.fields import is_image
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK, EpochPlan, num_batches, plan_epoch, worker_batches
+from fastfeed.loading.elastic import Stage
+from fastfeed.loading.plan import worker_batches
+from fastfeed.loading.planner import Batch, PlanSpec, RankPlan
+from fastfeed.loading.position import Position, SharedPosition, rank_plan
 from fastfeed.storage.remote import is_url
 from fastfeed.packed.reader import ShardSource, check_shards, resolve_index, sample_error
 
@@ -59,68 +64,58 @@ SKIPPED_KEY = "__skipped__"
 TIMING_KEY = "__timing__"
 
 
-class _Position:
-    """(epoch, first batch) of the next pass, in shared memory so workers see updates."""
-
-    def __init__(self) -> None:
-        self.t = torch.zeros(2, dtype=torch.int64).share_memory_()
-
-    def set(self, epoch: int, start: int) -> None:
-        self.t[0], self.t[1] = epoch, start
-
-    def get(self) -> tuple[int, int]:
-        e, s = self.t.tolist()
-        return int(e), int(s)
-
-
 class ShardBatches(IterableDataset):
     """Whole collated batches of one rank, for ``DataLoader(batch_size=None)``.
 
     Args:
-        source: where samples are read from.
+        sources: where samples are read from, one per dataset (the planner's order).
         decoder: turns a list of samples into a batch dict (``CpuDecoder`` / ``RawDecoder``).
-        batch_size, seed, shuffle, drop_last, rank, world_size, shuffle_block: the plan
-            (see :func:`fastfeed.loading.plan.plan_epoch`).
+        spec: the datasets' plan inputs (:func:`fastfeed.loading.planner.plan_spec`).
+        shape: this loader's world size, batch size and mode.
+        rank: this rank.
         on_error: ``"raise"`` or ``"skip"`` for bad samples.
+
+    Each batch carries ``"valid"`` (bool, False on padding repeats) and ``"__source__"``
+    (int64, the dataset of each sample), aligned with ``"__key__"``; a batch of no sample
+    (``pad=False``, a rank's last) is a well-formed dict of zero-length entries.
 
     Built by :func:`fastfeed.loader` from options already validated
     (:func:`fastfeed.loading.options.loader_options`); nothing is checked again here.
     """
 
-    def __init__(self, source: ShardSource, decoder: Decoder, *, batch_size: int, seed: int,
-                 shuffle: bool, drop_last: bool, rank: int, world_size: int,
-                 shuffle_block: int = DEFAULT_SHUFFLE_BLOCK, on_error: str = "raise") -> None:
-        self.source, self.decoder = source, decoder
-        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
-        self.rank, self.world_size, self.shuffle_block, self.on_error = rank, world_size, shuffle_block, on_error
-        self.num_batches = num_batches(source.index.num_samples, world_size=world_size,
-                                       batch_size=batch_size, drop_last=drop_last)
-        self._position = _Position()
+    def __init__(self, sources: Sequence[ShardSource], decoder: Decoder, *, spec: PlanSpec, shape: Stage,
+                 rank: int, on_error: str = "raise") -> None:
+        self.sources, self.decoder = list(sources), decoder
+        self.spec, self.shape, self.rank, self.on_error = spec, shape, rank, on_error
+        self.batch_size, self.world_size = shape.batch_size, shape.world_size
+        # decoders see ids unique over the datasets, so crops differ between datasets
+        self._offsets = np.concatenate([[0], np.cumsum([s.index.num_samples for s in self.sources])[:-1]])
+        self._position = SharedPosition()
+        self._empty = _empty_entries(self.sources, decoder)
         self.pool: BufferPool | None = None  # set by the loader (persistent workers only)
-        self._plan: EpochPlan | None = None
-        self._plan_epoch = -1
+        self._plan: RankPlan | None = None
+        self._plan_key: Position | None = None
 
-    def __len__(self) -> int:
-        return self.num_batches
+    @property
+    def source(self) -> ShardSource:
+        """The first dataset's source (the only one without mixing)."""
+        return self.sources[0]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_plan"], state["_plan_epoch"] = None, -1  # workers compute their own
+        state["_plan"], state["_plan_key"] = None, None  # workers compute their own
         return state
 
-    def set_position(self, epoch: int, start: int) -> None:
-        """Make the next pass run ``epoch`` starting at batch ``start`` (all workers)."""
-        self._position.set(epoch, start)
+    def set_position(self, pos: Position) -> None:
+        """Make the next pass start at ``pos`` (all workers)."""
+        self._position.set(pos)
 
-    def plan(self, epoch: int) -> EpochPlan:
-        """This rank's plan for ``epoch`` (cached for the last epoch asked)."""
-        if self._plan is None or self._plan_epoch != epoch:
-            self._plan = plan_epoch(
-                self.source.index.shard_counts, seed=self.seed, epoch=epoch, world_size=self.world_size,
-                rank=self.rank, batch_size=self.batch_size, drop_last=self.drop_last,
-                shuffle=self.shuffle, shuffle_block=self.shuffle_block,
-            )
-            self._plan_epoch = epoch
+    def plan(self, epoch: int, prior: tuple[Stage, ...] = (), legacy: bool = False) -> RankPlan:
+        """This rank's plan of ``epoch`` after the stages ``prior`` (cached for the last asked)."""
+        key = Position(epoch, 0, prior, legacy)
+        if self._plan is None or self._plan_key != key:
+            self._plan = rank_plan(self.spec, self.shape, self.rank, key)
+            self._plan_key = key
         return self._plan
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -128,39 +123,58 @@ class ShardBatches(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
         if info is not None:
             bufpool.activate(self.pool, worker)
-        epoch, start = self._position.get()
-        plan = self.plan(epoch)
-        mine = worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker)
+        pos = self._position.get()
+        plan = self.plan(pos.epoch, pos.prior, pos.legacy)
+        mine = worker_batches(plan.num_batches, start=pos.start, num_workers=workers, worker=worker)
         for i, b in enumerate(mine):
             if i + 1 < len(mine):  # the next batch's reads start while this one decodes
-                self.source.will_need(plan.batch(mine[i + 1]))
-            yield self.make_batch(plan.batch(b), epoch)
+                nxt = plan.batch(mine[i + 1])
+                for k, src in enumerate(self.sources):
+                    src.will_need(nxt.ids[nxt.source == k] if len(self.sources) > 1 else nxt.ids)
+            yield self.make_batch(plan.batch(b), pos.epoch)
 
-    def make_batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
-        """Read, decode and collate the samples ``ids`` (in that order)."""
+    def make_batch(self, planned: Batch, epoch: int) -> dict[str, Any]:
+        """Read, decode and collate the samples of ``planned`` (in that order)."""
         t0, cpu0 = time.perf_counter(), time.process_time()
-        src = self.source
-        shards, locs = src.locate(ids)
+        ids, which = planned.ids, planned.source
+        n = len(ids)
+        shard_of = np.zeros(n, dtype=np.int64)
+        offset_of = np.zeros(n, dtype=np.int64)
         skipped: list[str] = []
-        got: list[dict[str, Any] | None] = [None] * len(ids)
-        for j in np.argsort(ids, kind="stable"):  # read in file order, keep batch order
-            s, off, size = int(shards[j]), int(locs[j, 0]), int(locs[j, 1])
-            try:
-                got[j] = src.read_at(s, off, size)
-            except SampleError as e:
-                self._fail(skipped, sample_error(src, s, off, "", e))
+        got: list[dict[str, Any] | None] = [None] * n
+        for k in np.unique(which).tolist():
+            src = self.sources[k]
+            pos = np.flatnonzero(which == k)
+            shards, locs = src.locate(ids[pos])
+            shard_of[pos], offset_of[pos] = shards, locs[:, 0]
+            for j in np.argsort(ids[pos], kind="stable"):  # read in file order, keep batch order
+                s, off, size = int(shards[j]), int(locs[j, 0]), int(locs[j, 1])
+                try:
+                    got[pos[j]] = src.read_at(s, off, size)
+                except SampleError as e:
+                    self._fail(skipped, sample_error(src, s, off, "", e))
         kept = [j for j, g in enumerate(got) if g is not None]
         samples = [got[j] for j in kept]
         kept_arr = np.asarray(kept, dtype=np.int64)
-        labels = self._labels(ids[kept_arr])
+        failed: set[int] = set()
 
         def fail(k: int, exc: BaseException) -> None:
             j = kept[k]
-            err = sample_error(src, int(shards[j]), int(locs[j, 0]), samples[k].get("__key__", ""), exc)
+            failed.add(k)
+            err = sample_error(self.sources[int(which[j])], int(shard_of[j]), int(offset_of[j]),
+                               samples[k].get("__key__", ""), exc)
             self._fail(skipped, err)
 
         t1 = time.perf_counter()
-        batch = self.decoder.decode_batch(samples, ids[kept_arr], epoch, labels, fail)
+        labels = self._labels(ids[kept_arr], which[kept_arr])
+        batch = self.decoder.decode_batch(samples, ids[kept_arr] + self._offsets[which[kept_arr]], epoch,
+                                          labels, fail)
+        rows = kept_arr[[k for k in range(len(kept)) if k not in failed]] if failed else kept_arr
+        if not rows.size:  # an empty batch (pad=False, or all skipped) has the keys of a full one
+            for k in self._empty:
+                batch.setdefault(k, torch.zeros(0, dtype=torch.int64) if k == "label" else [])
+        batch["__source__"] = torch.from_numpy(np.ascontiguousarray(which[rows], dtype=np.int64))
+        batch["valid"] = torch.from_numpy(np.ascontiguousarray(planned.valid[rows], dtype=bool))
         batch[SKIPPED_KEY] = skipped
         batch[TIMING_KEY] = (t1 - t0, time.perf_counter() - t1, time.process_time() - cpu0)
         pooled = bufpool.active()
@@ -168,15 +182,47 @@ class ShardBatches(IterableDataset):
             batch[BUFFER_KEY] = pooled[0].claims()
         return batch
 
-    def _labels(self, ids: np.ndarray) -> np.ndarray | None:
-        labels = self.source.index.labels
-        return None if labels is None else np.asarray(labels[ids])
+    def _labels(self, ids: np.ndarray, which: np.ndarray) -> np.ndarray | None:
+        """Index labels of the samples, when every dataset records them (else None)."""
+        if any(src.index.labels is None for src in self.sources):
+            return None
+        out = np.zeros(len(ids), dtype=np.int64)
+        for k in np.unique(which).tolist():
+            m = which == k
+            out[m] = np.asarray(self.sources[k].index.labels)[ids[m]]
+        return out
 
     def _fail(self, skipped: list[str], err: SampleError) -> None:
         if self.on_error == "raise":
             raise SampleError(f"{err}; pass on_error='skip' to skip bad samples",
                               shard=err.shard, key=err.key, offset=err.offset)
         skipped.append(str(err))
+
+
+def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> tuple[str, ...]:
+    """The entries an empty batch carries besides ``__key__``: each field (an empty list),
+    and ``label`` (an empty int64 tensor) where batches have labels."""
+    fields: dict[str, None] = {}
+    for src in sources:
+        fields.update(dict.fromkeys(src.index.fields))
+    cpu = isinstance(decoder, CpuDecoder)
+    out = [f for f in fields if not (cpu and (is_image(f) or f == "cls"))]
+    if all(src.index.labels is not None for src in sources) or (cpu and "cls" in fields):
+        out.append("label")
+    return tuple(out)
+
+
+class _Epoch:
+    """The epoch of :class:`ShardDataset`'s crops, in shared memory so workers see updates."""
+
+    def __init__(self) -> None:
+        self.t = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def set(self, epoch: int) -> None:
+        self.t[0] = epoch
+
+    def get(self) -> int:
+        return int(self.t[0])
 
 
 class ShardDataset(Dataset):
@@ -190,7 +236,7 @@ class ShardDataset(Dataset):
 
     def __init__(self, source: ShardSource, decoder: Decoder) -> None:
         self.source, self.decoder = source, decoder
-        self._position = _Position()
+        self._epoch = _Epoch()
 
     @property
     def index(self) -> DatasetIndex:
@@ -201,7 +247,7 @@ class ShardDataset(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Epoch used for the random crops of ``decode="cpu"``."""
-        self._position.set(int(epoch), 0)
+        self._epoch.set(int(epoch))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         n = len(self)
@@ -218,7 +264,7 @@ class ShardDataset(Dataset):
             key = sample.get("__key__", "")
             labels = self.source.index.labels
             label = None if labels is None else int(labels[i])
-            return self.decoder.decode_sample(sample, i, self._position.get()[0], label)
+            return self.decoder.decode_sample(sample, i, self._epoch.get(), label)
         except (SampleError, OSError, ValueError) as e:
             if isinstance(e, ConfigError) or (isinstance(e, ShardError) and not isinstance(e, SampleError)):
                 raise

@@ -171,6 +171,12 @@ class LoaderOptions:
     pad_multiple: int = 1
     batch_sampler: Any = None
     knobs_from: str = "explicit"
+    # several datasets, subsets and exact-once evaluation (fastfeed.loading.planner)
+    weights: tuple[float, ...] | None = None
+    epoch_samples: int | None = None
+    subset: Any = None
+    filter: Any = None
+    pad: bool = True
 
     @property
     def gpu(self) -> bool:
@@ -246,6 +252,7 @@ def loader_options(**kwargs: Any) -> LoaderOptions:
     )
     if decode == "dali":
         args.update(_dali_settings(args))
+    args.update(_mixing_settings(args))
     return LoaderOptions(**args)
 
 
@@ -329,6 +336,29 @@ def _triple(name: str, value: Sequence[float] | None, default: tuple[float, floa
     if len(vals) != 3:
         raise ConfigError(f"{name}={value!r}: give one value per RGB channel, in the 0-1 scale")
     return vals  # type: ignore[return-value]
+
+
+def _mixing_settings(args: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights``, ``epoch_samples``, ``subset``, ``filter`` and ``pad``, checked as far as
+    they can be without the datasets (their number and sizes are checked at plan time)."""
+    weights = args["weights"]
+    if weights is not None:
+        try:
+            ws = tuple(float(w) for w in weights)
+        except (TypeError, ValueError):
+            ws = ()
+        if not ws or any(not w > 0 or w == float("inf") for w in ws) or isinstance(weights, (str, bytes)):
+            raise ConfigError(f"weights={weights!r}: give one positive number per dataset, e.g. [0.7, 0.3] "
+                              "(they are normalised)")
+        weights = ws
+    e = args["epoch_samples"]
+    if e is not None:
+        _int("epoch_samples", e, 1)
+    filt = args["filter"]
+    for f in filt if isinstance(filt, (list, tuple)) else [filt]:
+        if f is not None and not callable(f):
+            raise ConfigError(f"filter={f!r} is not callable; pass fn(meta) -> bool mask (or one per dataset)")
+    return {"weights": weights, "pad": bool(args["pad"])}
 
 
 def _dali_settings(args: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,8 @@ import numpy as np
 
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.loading.dataset import ShardBatches
+from fastfeed.loading.elastic import Stage
+from fastfeed.loading.planner import Batch
 
 __all__ = ["SamplerBatches", "SamplerPlan", "SamplerStream", "check_sampler_fits"]
 
@@ -36,18 +38,19 @@ _PLANS_KEPT = 3
 
 
 class SamplerPlan:
-    """One epoch of a sampler for one rank, with the interface of an
-    :class:`~fastfeed.loading.plan.EpochPlan` (``num_batches``, ``batch(b)``)."""
+    """One epoch of a sampler for one rank, with the interface of a
+    :class:`~fastfeed.loading.planner.RankPlan` (``num_batches``, ``batch(b)``)."""
 
     def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
         self.flat, self.offsets = np.asarray(flat, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
         self.num_batches = int(self.offsets.size - 1)
 
-    def batch(self, b: int) -> np.ndarray:
-        """The sample ids of step ``b``."""
+    def batch(self, b: int) -> Batch:
+        """The samples of step ``b`` (one dataset, no padding)."""
         if not 0 <= b < self.num_batches:
             raise IndexError(f"batch {b} out of range for {self.num_batches} batches")
-        return self.flat[self.offsets[b]:self.offsets[b + 1]]
+        ids = self.flat[self.offsets[b]:self.offsets[b + 1]]
+        return Batch(ids, np.zeros(ids.size, dtype=np.int64), np.ones(ids.size, dtype=bool))
 
 
 def sampler_plan(sampler: Any, epoch: int) -> SamplerPlan:
@@ -97,7 +100,8 @@ class SamplerStream:
 
 
 class SamplerBatches(ShardBatches):
-    """:class:`~fastfeed.loading.dataset.ShardBatches` whose plan is the sampler's (see the module docstring)."""
+    """:class:`~fastfeed.loading.dataset.ShardBatches` (over one source) whose plan is the
+    sampler's (see the module docstring)."""
 
     def __init__(self, *args: Any, sampler: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -113,8 +117,9 @@ class SamplerBatches(ShardBatches):
     def __len__(self) -> int:
         return self.stream.num_batches(0)
 
-    def plan(self, epoch: int) -> SamplerPlan:  # type: ignore[override]
-        """This rank's steps of ``epoch`` (the last few are kept)."""
+    def plan(self, epoch: int, prior: tuple[Stage, ...] = (),  # type: ignore[override]
+             legacy: bool = False) -> SamplerPlan:
+        """This rank's steps of ``epoch`` (the last few are kept; no elastic stages)."""
         if epoch not in self._plans:
             if len(self._plans) >= _PLANS_KEPT:
                 self._plans.pop(min(self._plans))

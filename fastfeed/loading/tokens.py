@@ -40,9 +40,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastfeed.decode.collate import Padding
 from fastfeed.decode.fields import decode_field
 from fastfeed.errors import ConfigError, SampleError, StateError
-from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, _Position
+from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.plan import epoch_order, worker_batches
+from fastfeed.loading.position import Position, SharedPosition
 from fastfeed.loading.seqpack import BatchPieces, SeqPackPlan, assemble, plan_seqpack
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource, sample_error
@@ -127,10 +128,12 @@ class TokenStream:
         if state.get("seq_len") != self.seq_len:
             raise StateError(f"loader state saved with seq_len={state.get('seq_len')!r}, now {self.seq_len}; "
                              "resume with the same seq_len (the rows depend on it)")
-        batches = state.get("batches")
-        if isinstance(batches, int) and state.get("tokens") != self.offset(batches):
-            raise StateError(f"loader state: tokens={state.get('tokens')!r} does not match batches={batches} "
-                             f"(expected {self.offset(batches)}); pass the dict from Loader.state_dict()")
+        batches, world, rows = state.get("batches"), state.get("world_size"), state.get("batch_size")
+        if all(isinstance(v, int) for v in (batches, world, rows)):  # at the state's own shape
+            expected = min(self.total, batches * world * rows * self.seq_len)
+            if state.get("tokens") != expected:
+                raise StateError(f"loader state: tokens={state.get('tokens')!r} does not match batches={batches} "
+                                 f"(expected {expected}); pass the dict from Loader.state_dict()")
 
 
 class TokenBatches(IterableDataset):
@@ -144,13 +147,14 @@ class TokenBatches(IterableDataset):
                  seq_len: int, seed: int, shuffle: bool, drop_last: bool, rank: int, world_size: int,
                  shuffle_block: int, pad_id: int) -> None:
         self.source, self.field, self.lengths = source, field, lengths
+        self.sources = [source]  # what a Loader reads its indexes from (one dataset)
         self.batch_size, self.seq_len, self.seed, self.shuffle = batch_size, seq_len, seed, shuffle
         self.drop_last, self.rank, self.world_size = drop_last, rank, world_size
         self.shuffle_block, self.pad_id = shuffle_block, pad_id  # shuffle_block: part of the state only
         self.stream = TokenStream(total_tokens=int(lengths.sum()), batch_size=batch_size, seq_len=seq_len,
                                   world_size=world_size, drop_last=drop_last)
         self.pool = None  # token batches are fresh arrays; no buffer pool
-        self._position = _Position()
+        self._position = SharedPosition()
         self._plan: SeqPackPlan | None = None
         self._plan_epoch = -1
 
@@ -179,9 +183,9 @@ class TokenBatches(IterableDataset):
         state["_plan"], state["_plan_epoch"] = None, -1  # workers compute their own
         return state
 
-    def set_position(self, epoch: int, start: int) -> None:
-        """Make the next pass run ``epoch`` starting at batch ``start`` (all workers)."""
-        self._position.set(epoch, start)
+    def set_position(self, pos: Position) -> None:
+        """Make the next pass run ``pos.epoch`` starting at batch ``pos.start`` (all workers)."""
+        self._position.set(pos)
 
     def plan(self, epoch: int) -> SeqPackPlan:
         """This rank's packing plan for ``epoch`` (cached for the last epoch asked)."""
@@ -195,7 +199,8 @@ class TokenBatches(IterableDataset):
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
-        epoch, start = self._position.get()
+        pos = self._position.get()
+        epoch, start = pos.epoch, pos.start
         plan = self.plan(epoch)
         mine = worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker)
         for i, b in enumerate(mine):

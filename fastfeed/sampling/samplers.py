@@ -56,6 +56,7 @@ from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
 from fastfeed.sampling.costmodel import CostModel
+from fastfeed.sampling.resize import plan_after, restrict, stage_seed
 from fastfeed.sampling.planning import (
     CostFn,
     Plan,
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 
 LengthsLike = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
 CostSpec = Union[str, CostModel, Callable[[np.ndarray], float]]
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 DEFAULT_JITTER = 0.03
 
 #: ``jitter="auto"``: the jitters tried, smallest first (the first is :data:`DEFAULT_JITTER`).
@@ -220,12 +221,25 @@ class _LengthSampler:
         self.epoch = 0
         self._position = 0               # steps of the current epoch yielded so far
         self._resume: int | None = None  # where the next iteration starts (load_state_dict)
-        self._cached: tuple[int, np.ndarray, np.ndarray, int, int] | None = None
+        self._stages: tuple[tuple[int, int], ...] = ()  # (world, steps) of this epoch at other sizes
+        self._cached: tuple[Any, np.ndarray, np.ndarray, int, int] | None = None
         self._digest: str | None = None
 
     # -- planning
-    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:  # pragma: no cover - abstract
+    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:
+        return self._plan_over(None, epoch=epoch, world_size=self.num_replicas, seed=self.seed, jitter=jitter)
+
+    def _plan_over(self, ids: np.ndarray | None, *, epoch: int, world_size: int, seed: int,
+                   jitter: float | None = None) -> Plan:  # pragma: no cover - abstract
+        """The plan over the samples ``ids`` (None: all), in global indices."""
         raise NotImplementedError
+
+    def _resized_plan(self) -> Plan:
+        """The rest of the current epoch after the stages it ran at other world sizes
+        (:func:`fastfeed.sampling.resize.plan_after`)."""
+        def plan_at(ids: np.ndarray | None, world: int, stage: int) -> Plan:
+            return self._plan_over(ids, epoch=self.epoch, world_size=world, seed=stage_seed(self.seed, stage))
+        return plan_after(plan_at, self._stages, world_size=self.num_replicas)
 
     @property
     def jitter(self) -> float:
@@ -285,10 +299,11 @@ class _LengthSampler:
         return self._plan(self.epoch if epoch is None else int(epoch))
 
     def _rank_plan(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._cached is None or self._cached[0] != self.epoch:
-            plan = self._plan(self.epoch)
+        key = (self.epoch, self._stages)
+        if self._cached is None or self._cached[0] != key:
+            plan = self._resized_plan() if self._stages else self._plan(self.epoch)
             flat, offsets = plan.rank_batches(self.rank)
-            self._cached = (self.epoch, flat, offsets, plan.num_repeats, plan.num_dropped)
+            self._cached = (key, flat, offsets, plan.num_repeats, plan.num_dropped)
         return self._cached[1], self._cached[2]
 
     @property
@@ -311,7 +326,7 @@ class _LengthSampler:
         """
         epoch = int(epoch)
         if epoch != self.epoch:
-            self._position, self._resume = 0, None
+            self._position, self._resume, self._stages = 0, None, ()
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -332,7 +347,10 @@ class _LengthSampler:
                 "adaptive_jitter": self.adaptive_jitter, "cost": self._cost_fn.describe()}
 
     def state_dict(self, steps: int | None = None) -> dict[str, Any]:
-        """The position in the epoch, enough to resume exactly.
+        """The position in the epoch, enough to resume exactly, at any world size.
+
+        ``stages`` lists ``[num_replicas, steps]`` for every world size this epoch ran
+        at, the current last (:mod:`fastfeed.sampling.resize`): a few integers.
 
         Args:
             steps: steps of this epoch your loop has finished. By default, the steps this
@@ -346,25 +364,36 @@ class _LengthSampler:
         else:
             pos = self._position if self._resume is None else self._resume
         return {"sampler": type(self).__name__, "version": _STATE_VERSION, "epoch": self.epoch,
-                "step": pos, "seed": self.seed, "num_replicas": self.num_replicas,
+                "step": pos, "stages": [[w, t] for w, t in self._stages] + [[self.num_replicas, pos]],
+                "seed": self.seed, "num_replicas": self.num_replicas,
                 "num_samples": int(self.lengths.shape[0]), "lengths_digest": self._digest,
                 "config": self._config()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the saved position: the next iteration continues the saved epoch.
 
+        A state saved at another world size (``num_replicas``) continues the same epoch
+        (elastic resume): the steps not yet run at the old size are re-planned over the
+        new ranks with this sampler's planner and remainder policy, so every rank again
+        gets equal steps and the unconsumed samples are delivered, each as often as the
+        old plan held them (plus the policy's at most ``num_replicas - 1`` repeats or
+        drops). Later epochs are a fresh plan at the new size. A version-1 state (no
+        ``stages``) is its one stage.
+
         Raises:
             StateError: the state is malformed, or was saved by a sampler with another
-                configuration, world size or lengths (the message lists each difference).
+                configuration or lengths (the message lists each difference).
         """
         if not isinstance(state, Mapping):
             raise StateError(f"sampler state must be a mapping, got {type(state).__name__}")
         mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
+        missing = sorted(set(mine) - set(state) - {"stages"})
         if missing:
             raise StateError(f"sampler state lacks {missing}; was it saved by {type(self).__name__}.state_dict()?")
+        if state["version"] not in (1, _STATE_VERSION):
+            raise StateError(f"sampler state version {state['version']!r}; this fastfeed reads 1 and {_STATE_VERSION}")
         diffs = [f"{k}: saved {state[k]!r}, now {mine[k]!r}"
-                 for k in ("sampler", "version", "seed", "num_replicas", "num_samples", "lengths_digest")
+                 for k in ("sampler", "seed", "num_samples", "lengths_digest")
                  if state[k] != mine[k]]
         saved_cfg = state["config"] if isinstance(state["config"], Mapping) else {}
         diffs += [f"config.{k}: saved {saved_cfg.get(k)!r}, now {v!r}"
@@ -377,11 +406,40 @@ class _LengthSampler:
         epoch, step = state["epoch"], state["step"]
         if not (isinstance(epoch, int) and isinstance(step, int) and epoch >= 0 and step >= 0):
             raise StateError(f"sampler state has epoch={epoch!r}, step={step!r}; both must be integers >= 0")
-        self.epoch = epoch
-        steps = len(self)
-        if step > steps:
-            raise StateError(f"sampler state step={step} is past the end of epoch {epoch} ({steps} steps)")
-        self._position = self._resume = step
+        stages = _read_stages(state)
+        if stages[-1][1] != step:
+            raise StateError(f"sampler state step={step} but its last stage says {stages[-1][1]}")
+        self._load_stages(epoch, stages)
+
+    def _load_stages(self, epoch: int, stages: tuple[tuple[int, int], ...]) -> None:
+        """Resume ``epoch`` after ``stages``, each checked against its plan."""
+        self.epoch, self._cached = epoch, None
+        for i in range(len(stages)):
+            self._stages = stages[:i]
+            plan = self._resized_plan() if i else self._plan_over(None, epoch=epoch, world_size=stages[0][0],
+                                                                   seed=self.seed)
+            if stages[i][1] > plan.num_steps:
+                raise StateError(f"sampler state step={stages[i][1]} is past the end of epoch {epoch} at "
+                                 f"num_replicas={stages[i][0]} ({plan.num_steps} steps)")
+        last = stages[-1]
+        if last[0] == self.num_replicas:
+            self._stages, start = stages[:-1], last[1]
+        else:
+            self._stages, start = stages, 0
+        self._cached = None
+        self._position = self._resume = start
+
+
+def _read_stages(state: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
+    """``[[num_replicas, steps], ...]`` of a state (a version-1 state: its one stage)."""
+    raw = state.get("stages", [[state["num_replicas"], state["step"]]])
+    try:
+        stages = tuple((int(w), int(t)) for w, t in raw)
+    except (TypeError, ValueError):
+        stages = ()
+    if not stages or any(w < 1 or t < 0 for w, t in stages):
+        raise StateError(f"sampler state stages={raw!r}: a list of [num_replicas >= 1, steps >= 0]")
+    return stages
 
 
 # ---------------------------------------------------------------------- the samplers
@@ -430,11 +488,13 @@ class DistributedLengthBucketSampler(_LengthSampler):
             log.warning("drop_last=True with %d samples < world size %d x batch size %d: epochs have no steps",
                         self.lengths.shape[0], self.num_replicas, self.batch_size)
 
-    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:
-        return plan_fixed(self.lengths, world_size=self.num_replicas, batch_size=self.batch_size,
-                          seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                          jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn,
-                          adaptive=self.adaptive_jitter)
+    def _plan_over(self, ids: np.ndarray | None, *, epoch: int, world_size: int, seed: int,
+                   jitter: float | None = None) -> Plan:
+        lengths = self.lengths if ids is None else self.lengths[ids]
+        return restrict(plan_fixed(lengths, world_size=world_size, batch_size=self.batch_size,
+                                   seed=seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
+                                   jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn,
+                                   adaptive=self.adaptive_jitter), ids)
 
     def _config(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, **super()._config()}
@@ -496,11 +556,14 @@ class DistributedTokenBudgetSampler(_LengthSampler):
         """Samples left out of every epoch because they alone exceed ``max_cost``."""
         return 0 if self._skip is None else int(self._skip.sum())
 
-    def _plan(self, epoch: int, jitter: float | None = None) -> Plan:
-        return plan_budget(self.lengths, world_size=self.num_replicas, max_cost=self.max_cost,
-                           seed=self.seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
-                           jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn, skip=self._skip,
-                           adaptive=self.adaptive_jitter)
+    def _plan_over(self, ids: np.ndarray | None, *, epoch: int, world_size: int, seed: int,
+                   jitter: float | None = None) -> Plan:
+        lengths = self.lengths if ids is None else self.lengths[ids]
+        skip = self._skip if ids is None or self._skip is None else self._skip[ids]
+        return restrict(plan_budget(lengths, world_size=world_size, max_cost=self.max_cost,
+                                    seed=seed, epoch=epoch, shuffle=self.shuffle, drop_last=self.drop_last,
+                                    jitter=self.jitter if jitter is None else jitter, cost=self._cost_fn,
+                                    skip=skip, adaptive=self.adaptive_jitter), ids)
 
     def _config(self) -> dict[str, Any]:
         return {"max_cost": self.max_cost, "oversize": self.oversize, **super()._config()}

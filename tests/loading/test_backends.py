@@ -1,8 +1,8 @@
 """ONE behavioural harness for every loader backend: ``decode="cpu"`` and ``decode="dali"``
 (DALI in its CPU-only mode, ``device_id=None``; skipped without DALI).
 
-Every test runs both backends through the same assertions, against the epoch plan
-(:func:`fastfeed.loading.plan.plan_epoch`, a pure function) rather than against each
+Every test runs both backends through the same assertions, against the rank plan
+(:func:`fastfeed.loading.planner.plan_rank`, a pure function) rather than against each
 other: epochs with and without ``set_epoch``, abandoned passes, the newest iterator,
 mid-epoch resume in a fresh loader, resume across backends, equal steps on every rank
 (ranks simulated with ``rank=``/``world_size=``; the real gloo tests are in
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
+import torch
 from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
-from fastfeed.loading.plan import plan_epoch
+from fastfeed.loading.planner import plan_rank, plan_spec
 from fastfeed.packed.index import DatasetIndex
 
 BACKENDS = ["cpu", "dali"]
@@ -63,7 +63,7 @@ def make(root: Path, backend: str, **kw: Any) -> Any:
     args: dict[str, Any] = dict(batch_size=BATCH, image_size=16, seed=SEED)
     args.update(dict(DALI_CPU) if backend == "dali" else dict(decode="cpu", num_workers=0))
     args.update(kw)
-    return fastfeed.loader(str(root), **args)
+    return fastfeed.loader([str(r) for r in root] if isinstance(root, list) else str(root), **args)
 
 
 def keys(batches: Any) -> list[list[str]]:
@@ -80,9 +80,10 @@ def expected(root: Path, epoch: int, *, rank: int = 0, world_size: int = 1, drop
         raw = fastfeed.loader(str(root), batch_size=1000, shuffle=False, decode=None, num_workers=0)
         _INDEX_KEYS[root] = [k for b in raw for k in b["__key__"]]
     names = _INDEX_KEYS[root]
-    plan = plan_epoch(DatasetIndex.load(root).shard_counts, seed=seed, epoch=epoch, world_size=world_size,
-                      rank=rank, batch_size=batch_size, drop_last=drop_last, shuffle=True)
-    return [[names[i] for i in plan.batch(b).tolist()] for b in range(plan.num_batches)]
+    spec = plan_spec([DatasetIndex.load(root).shard_counts], seed=seed, shuffle=True)
+    plan = plan_rank(spec, epoch=epoch, world_size=world_size, rank=rank, batch_size=batch_size,
+                     drop_last=drop_last)
+    return [[names[i] for i in plan.batch(b).ids.tolist()] for b in range(plan.num_batches)]
 
 
 # ---------------------------------------------------------------------- epochs
@@ -162,7 +163,7 @@ def test_resume_mid_epoch_in_a_fresh_loader(packed: Path, backend: str, stop: in
     it = iter(dl)
     head = [list(next(it)["__key__"]) for _ in range(k)]
     state = json.loads(json.dumps(dl.state_dict()))  # plain ints and strings
-    assert (state["epoch"], state["batches"], state["fastfeed_loader"]) == (1, k, 1)
+    assert (state["epoch"], state["batches"], state["fastfeed_loader"]) == (1, k, 2)
     fresh = make(packed, backend, rank=0, world_size=2)  # another rank's state fits
     fresh.load_state_dict(state)
     fresh_other_rank = make(packed, backend, rank=1, world_size=2)
@@ -187,8 +188,8 @@ def test_resume_across_backends(packed: Path, first: str, second: str) -> None:
     state = a.state_dict()
     b = make(packed, second)
     assert set(b.state_dict()) == set(state)
-    assert {k: v for k, v in b.state_dict().items() if k not in ("epoch", "batches")} == \
-        {k: v for k, v in state.items() if k not in ("epoch", "batches")}
+    assert {k: v for k, v in b.state_dict().items() if k not in ("epoch", "batches", "stages")} == \
+        {k: v for k, v in state.items() if k not in ("epoch", "batches", "stages")}
     b.load_state_dict(state)
     rest = list(b)
     assert keys(head) + keys(rest) == expected(packed, 2) and b.epoch == 2
@@ -223,7 +224,8 @@ def test_len_is_the_batches_of_an_epoch(packed: Path, backend: str, batch_size: 
     per_rank = 60 // world_size if drop_last else math.ceil(60 / world_size)
     n = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
     assert len(dl) == n == len(list(dl))
-    state = {**dl.state_dict(), "epoch": 0, "batches": n - 1}
+    saved = dl.state_dict()
+    state = {**saved, "epoch": 0, "batches": n - 1, "stages": [saved["stages"][-1][:3] + [n - 1]]}
     dl.load_state_dict(state)
     assert len(dl) == n and len(list(dl)) == 1  # len is the epoch's, a resumed pass yields the rest
 
@@ -245,3 +247,76 @@ def test_skip_counts_bad_samples_and_keeps_steps_equal(corrupt: Path, backend: s
     assert any("k005" in m for m in messages) and any("k009" in m for m in messages)
     with pytest.raises(SampleError, match="k00[59]"):
         list(make(corrupt, backend, batch_size=4, on_error="raise"))
+
+
+# ---------------------------------------------------------------------- issue #18: selection, valid, elastic
+def _valid_keys(batches: Any) -> list[str]:
+    return [k for b in batches for k, v in zip(b["__key__"], b["valid"].tolist()) if v]
+
+
+def test_batches_carry_valid_and_source(packed: Path, backend: str) -> None:
+    expected(packed, 0)  # fills _INDEX_KEYS
+    ranks = [make(packed, backend, rank=r, world_size=7) for r in range(7)]  # 60 over 7: 3 padding slots
+    streams = [list(dl) for dl in ranks]
+    for s in streams:
+        for b in s:
+            assert b["valid"].dtype == torch.bool and b["__source__"].dtype == torch.int64
+            assert len(b["valid"]) == len(b["__source__"]) == len(b["__key__"]) and not b["__source__"].any()
+    assert sum(int((~b["valid"]).sum()) for s in streams for b in s) == 3
+    assert sorted(_valid_keys(b for s in streams for b in s)) == sorted(_INDEX_KEYS[packed])
+
+
+def test_subset_and_filter(packed: Path, backend: str) -> None:
+    expected(packed, 0)  # fills _INDEX_KEYS
+    names = _INDEX_KEYS[packed]
+    labels = DatasetIndex.load(packed).labels
+    dl = make(packed, backend, filter=lambda m: m["label"] == int(labels[0]), batch_size=100)
+    want = sorted(n for n, lab in zip(names, labels) if lab == labels[0])
+    assert sorted(k for b in dl for k in b["__key__"]) == want and len(dl) == 1
+    some = make(packed, backend, subset=[5, 0, 59])
+    assert sorted(k for b in some for k in b["__key__"]) == sorted(names[i] for i in (0, 5, 59))
+
+
+def test_pad_false_every_sample_once_with_an_empty_last_batch(packed: Path, backend: str) -> None:
+    """60 over 7 ranks, batches of 3: spans of 8 and 9 -> 3 steps; an 8-sample rank ends with 2."""
+    expected(packed, 0)
+    ranks = [make(packed, backend, rank=r, world_size=7, batch_size=3, pad=False) for r in range(7)]
+    streams = [list(dl) for dl in ranks]
+    assert {len(s) for s in streams} == {len(ranks[0])} == {3}
+    assert sorted(k for s in streams for b in s for k in b["__key__"]) == sorted(_INDEX_KEYS[packed])
+    empty = list(make(packed, backend, rank=0, world_size=16, batch_size=3, pad=False))[-1]  # 3 of 2 steps
+    assert empty["__key__"] == [] and empty["valid"].shape == (0,) and empty["label"].shape == (0,)
+    assert empty["image"].shape[0] == 0
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_elastic_resume_at_another_world_and_batch_size(packed: Path, backend: str, pad: bool) -> None:
+    expected(packed, 0)
+    old = [make(packed, backend, rank=r, world_size=3, batch_size=4, pad=pad) for r in range(3)]
+    head: list[str] = []
+    for dl in old:
+        dl.set_epoch(2)
+        it = iter(dl)
+        head += _valid_keys([next(it), next(it)])
+    state = json.loads(json.dumps(old[1].state_dict()))
+    new = [make(packed, backend, rank=r, world_size=2, batch_size=5) for r in range(2)]
+    streams = []
+    for dl in new:
+        dl.load_state_dict(state)
+        streams.append(list(dl))
+    assert len({len(s) for s in streams}) == 1
+    assert sorted(head + _valid_keys(b for s in streams for b in s)) == sorted(_INDEX_KEYS[packed])
+    assert all(dl.epoch == 2 for dl in new)
+    assert keys(new[0]) == expected(packed, 3, rank=0, world_size=2, batch_size=5)  # then a fresh run's
+
+
+def test_mixing(packed: Path, backend: str) -> None:
+    if backend == "dali":
+        with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset"):
+            make([packed, packed], backend, weights=[1, 1])
+        return
+    dl = make([packed, packed], backend, weights=[3, 1], batch_size=4)
+    batches = list(dl)
+    src = [s for b in batches for s in b["__source__"].tolist()]
+    assert len(dl) == len(batches) and src.count(0) == 60 and src.count(1) == 20
+    assert all(int((b["__source__"] == 1).sum()) == 1 for b in batches)  # 4 * 1/4 per batch

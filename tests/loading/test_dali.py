@@ -275,8 +275,7 @@ def test_state_is_interchangeable_with_the_cpu_path(dali: Any, packed: Path) -> 
 
 def test_state_from_another_setup_is_refused(dali: Any, packed: Path) -> None:
     state = _loader(packed, world_size=2, rank=0).state_dict()
-    with pytest.raises(StateError, match="world_size=2, now 4"):
-        _loader(packed, world_size=4, rank=0).load_state_dict(state)
+    _loader(packed, world_size=4, rank=0).load_state_dict(state)  # elastic: another world size fits
     with pytest.raises(StateError, match="seed=0, now 1"):
         _loader(packed, world_size=2, rank=0, seed=1).load_state_dict(state)
     with pytest.raises(StateError, match="lacks"):

@@ -74,7 +74,7 @@ def test_feeder_gives_dali_views_of_the_mapped_shards_and_meta_rows(dali: Any, p
     feeder, table, maps = dl._feeder, dl._table, dl._maps
     feeder.restart(epoch=1, step=2)
     images, meta = feeder()
-    planned = dl._cursor.plan(1).batch(2)
+    planned = dl._cursor.plan(1).batch(2).ids
     assert meta.dtype == np.int64 and meta.shape == (len(planned), 5)
     assert (meta[:, GENERATION] == feeder.generation).all()
     assert (meta[:, EPOCH] == 1).all() and (meta[:, STEP] == 2).all()
@@ -131,10 +131,10 @@ def test_the_next_iteration_starts_before_the_batch_is_built(dali: Any, packed: 
     seen: list[tuple[int, int]] = []
     build = dl._to_batch
 
-    def spy(outs: Any, ids: np.ndarray) -> Any:
+    def spy(outs: Any, ids: np.ndarray, valid: np.ndarray) -> Any:
         pending = dl._feeder.pending
         seen.append((len(pending), pending[-1].step))
-        return build(outs, ids)
+        return build(outs, ids, valid)
 
     dl._to_batch = spy  # type: ignore[method-assign]
     got = list(dl)
@@ -157,7 +157,8 @@ def test_restarts_discard_what_was_fed_ahead_with_the_legacy_executor(dali: Any,
     assert next(it)["__key__"] == want[0][0]
     dl.set_epoch(2)
     assert [b["__key__"] for b in dl] == want[2]
-    state = {**dl.state_dict(), "epoch": 0, "batches": 3}
+    saved = dl.state_dict()
+    state = {**saved, "epoch": 0, "batches": 3, "stages": [saved["stages"][-1][:3] + [3]]}
     dl.load_state_dict(state)
     assert [b["__key__"] for b in dl] == want[0][3:]
 

@@ -40,7 +40,7 @@ def test_batch_structure(image_data: Path) -> None:
     assert b["label"].dtype == torch.int64 and b["label"].shape == (4,)
     assert isinstance(b["__key__"], list) and len(b["__key__"]) == 4
     # label from the index, cls not repeated, json decoded, no private keys leak out
-    assert set(b) == {"image", "label", "__key__", "json"}
+    assert set(b) == {"image", "label", "__key__", "json", "valid", "__source__"}
     for key, label, meta in zip(b["__key__"], b["label"].tolist(), b["json"]):
         i = int(key[1:])
         assert label == i % 3 and meta == {"i": i}
@@ -235,7 +235,7 @@ def test_each_worker_hints_its_next_batch_to_the_kernel(image_data: Path, monkey
     src: ShardSource = ds.source
     want = []
     for b in range(1, plan.num_batches):  # every batch but the first was hinted, in order
-        _, locs = src.locate(plan.batch(b))
+        _, locs = src.locate(plan.batch(b).ids)
         want += [(int(o), int(s)) for o, s in locs]
     assert hinted == want
     assert sorted(keys_of(batches)) == [f"s{i:05d}" for i in range(25)]

@@ -16,6 +16,7 @@ import torch
 
 import fastfeed
 from fastfeed.errors import ConfigError, StateError
+from fastfeed.loading.compat import recreate_kwargs
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
@@ -139,6 +140,30 @@ def test_seq_len_resume_mid_epoch_in_a_fresh_loader(tokens: Path, workers_before
         fastfeed.loader(tokens, num_workers=0, **{**kw, "seq_len": 32}).load_state_dict(state)
     with pytest.raises(StateError, match="seq_len"):
         fastfeed.loader(tokens, batch_size=2, num_workers=0, rank=1, world_size=2, seed=1).load_state_dict(state)
+
+
+def test_seq_len_state_is_v2_and_resumes_only_at_its_shape(tokens: Path) -> None:
+    kw: dict[str, Any] = {"batch_size": 2, "seq_len": 24, "seed": 1, "num_workers": 0}
+    dl = fastfeed.loader(tokens, rank=0, world_size=2, **kw)
+    it = iter(dl)
+    next(it), next(it)
+    state = dl.state_dict()
+    assert state["fastfeed_loader"] == 2 and state["stages"] == [[2, 2, "pad", 2]] and state["tokens"] == 2 * 2 * 2 * 24
+    with pytest.raises(StateError, match=r"resumes only at that shape \(now world_size=1"):
+        fastfeed.loader(tokens, rank=0, world_size=1, **kw).load_state_dict(state)
+    twin = type(dl)(**recreate_kwargs(dl))  # Lightning's re-created loader: same stream, fresh position
+    assert len(twin) == len(dl) and twin.epoch == 0
+    assert torch.equal(next(iter(twin))["input_ids"], list(fastfeed.loader(tokens, rank=0, world_size=2, **kw))[0]["input_ids"])
+
+
+def test_seq_len_and_batch_sampler_read_one_whole_dataset(tokens: Path) -> None:
+    for extra in ({"subset": [0, 1, 2]}, {"epoch_samples": 10}, {"pad": False}):
+        with pytest.raises(ConfigError, match=r"reads one whole dataset.*drop seq_len="):
+            fastfeed.loader(tokens, batch_size=2, seq_len=16, **extra)
+    with pytest.raises(ConfigError, match=r"reads one whole dataset.*2 datasets \(weights=\)"):
+        fastfeed.loader([tokens, tokens], weights=[1, 1], batch_size=2, seq_len=16)
+    with pytest.raises(ConfigError, match=r"reads one whole dataset.*drop batch_sampler="):
+        fastfeed.loader(tokens, batch_sampler=_budget(tokens, 1, 0), subset=[0, 1])
 
 
 def test_seq_len_errors(tokens: Path, tmp_path: Path) -> None:

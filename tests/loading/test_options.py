@@ -165,3 +165,16 @@ def test_the_new_modules_export_a_sorted_all() -> None:
 
     for module in (cursor, options):
         assert module.__all__ == sorted(module.__all__) and all(hasattr(module, n) for n in module.__all__)
+
+
+def test_mixing_selection_and_pad_options_are_checked_once() -> None:
+    o = loader_options(batch_size=4, rank=0, world_size=1, weights=[7, 3], epoch_samples=100, pad=0,
+                       filter=[None, lambda m: m["index"] < 3], subset=[None, [1, 2]])
+    assert o.weights == (7.0, 3.0) and o.epoch_samples == 100 and o.pad is False
+    for bad, match in (({"weights": [1, 0]}, "one positive number"), ({"weights": "ab"}, "one positive"),
+                       ({"weights": [1, float("inf")]}, "one positive"), ({"weights": []}, "one positive"),
+                       ({"epoch_samples": 0}, "epoch_samples=0 must be an integer >= 1"),
+                       ({"epoch_samples": 2.5}, "epoch_samples"), ({"filter": 3}, "not callable"),
+                       ({"filter": [None, "x"]}, "not callable")):
+        with pytest.raises(ConfigError, match=match):
+            loader_options(batch_size=4, rank=0, world_size=1, **bad)

@@ -101,8 +101,10 @@ def test_state_is_small_and_validated(tmp_path: Path) -> None:
     it = iter(dl)
     next(it)
     state = dl.state_dict()
-    assert all(isinstance(v, (int, str, bool)) for v in state.values())
+    flat = [v for v in state.values() if not isinstance(v, list)] + [x for s in state["stages"] for x in s]
+    assert all(v is None or isinstance(v, (int, str, bool)) for v in flat)  # a few ints per stage
     assert state["batches"] == 1 and state["world_size"] == 8 and state["rank"] == 3
+    assert state["stages"] == [[8, 2, "pad", 1]] and state["fastfeed_loader"] == 2
 
     def fresh(**kw: Any) -> Any:
         args = dict(batch_size=2, num_workers=0, decode=None, rank=0, world_size=8, seed=4)
@@ -110,16 +112,17 @@ def test_state_is_small_and_validated(tmp_path: Path) -> None:
         return fastfeed.loader(tmp_path, **args)
 
     fresh(rank=5).load_state_dict(state)  # another rank may load rank 3's state
-    with pytest.raises(StateError, match="saved with world_size=8, now 4"):
-        fresh(world_size=4, rank=0).load_state_dict(state)
-    with pytest.raises(StateError, match="batch_size=2, now 3.*seed=4, now 5"):
-        fresh(batch_size=3, seed=5).load_state_dict(state)
+    fresh(world_size=4, rank=0).load_state_dict(state)  # elastic: another world size continues the epoch
+    with pytest.raises(StateError, match="seed=4, now 5.*shuffle_block=8192, now 3"):
+        fresh(batch_size=3, seed=5, shuffle_block=3).load_state_dict(state)
     with pytest.raises(StateError, match="lacks batches"):
         fresh().load_state_dict({k: v for k, v in state.items() if k != "batches"})
     with pytest.raises(StateError, match="epoch='1' is not an integer"):
         fresh().load_state_dict({**state, "epoch": "1"})
-    with pytest.raises(StateError, match="batches=99 but an epoch of this loader has only 1"):
+    with pytest.raises(StateError, match="batches=99 but its last stage says 1"):
         fresh().load_state_dict({**state, "batches": 99})
+    with pytest.raises(StateError, match="consumed 99 batches of 1"):
+        fresh().load_state_dict({**state, "batches": 99, "stages": [[8, 2, "pad", 99]]})
     other = tmp_path / "other"
     write_dataset(other, shard_counts=(5, 4))
     with pytest.raises(StateError, match="dataset=.*num_samples=10, now 9"):

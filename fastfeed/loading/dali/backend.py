@@ -91,6 +91,7 @@ from fastfeed.loading.auto import lookup
 from fastfeed.loading.dali.pipeline import DaliLoader
 from fastfeed.loading.knobs import Knob, SearchSpace
 from fastfeed.loading.options import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, check_dali_knobs
+from fastfeed.loading.planner import PlanSpec
 from fastfeed.packed.index import DatasetIndex
 
 __all__ = [
@@ -265,7 +266,7 @@ def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], use
         ", ".join(f"{k}={v}" for k, v in sorted(used.items())), index.root or "DATASET", batch_size, size)
 
 
-def dali_loader(index: DatasetIndex, options: LoaderOptions) -> DaliLoader:
+def dali_loader(index: DatasetIndex, options: LoaderOptions, spec: PlanSpec | None = None) -> DaliLoader:
     """The ``decode="dali"`` loader over a packed tar dataset (see the module docstring).
 
     ``fastfeed.loader(..., decode="dali")`` calls this with the dataset's index and its
@@ -276,6 +277,8 @@ def dali_loader(index: DatasetIndex, options: LoaderOptions) -> DaliLoader:
     Args:
         index: the packed dataset's index (tar shards with DALI index files).
         options: the loader's options, ``decode="dali"``.
+        spec: the plan inputs with the dataset's ``subset`` / ``filter``
+            (:func:`fastfeed.loading.sources.open_sources`); None: every sample.
 
     Returns:
         A :class:`DaliLoader`; ``options.knobs_from`` says where its knobs came from.
@@ -297,4 +300,4 @@ def dali_loader(index: DatasetIndex, options: LoaderOptions) -> DaliLoader:
     d = import_dali()
     knobs, source = _resolve_knobs(index, options)
     resolved = replace(options, **knobs, knobs_from=source, device_id=resolve_device(options.device_id))
-    return DaliLoader(index, resolved, dali=d)
+    return DaliLoader(index, resolved, dali=d, spec=spec)

@@ -2,7 +2,7 @@
 
 :class:`ShardMaps` memory-maps shards on demand. :class:`BatchFeeder` makes the batches
 the loader feeds to the pipeline's inputs: it follows fastfeed's epoch plan
-(:mod:`fastfeed.loading.plan`, the same order as ``decode="cpu"``) and gives each batch's
+(:mod:`fastfeed.loading.planner`, the same order as ``decode="cpu"``) and gives each batch's
 images as zero-copy views of the mapped shards (located by the
 :class:`~fastfeed.loading.dali.table.SampleTable`), gathered into one DALI
 ``TensorListCPU`` (:func:`tensor_batch`), with a small int64 ``meta`` row per sample
@@ -38,7 +38,7 @@ from fastfeed.loading.dali.table import SampleTable
 from fastfeed.decode.fields import decode_field, last_ext
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.plan import EpochPlan
+from fastfeed.loading.planner import Batch, RankPlan
 from fastfeed.storage.remote import is_url, open_shard
 
 __all__ = [
@@ -131,6 +131,7 @@ class FedBatch:
         epoch: epoch of the batch.
         step: batch number within the epoch.
         ids: global sample numbers fed, in order (-1: a placeholder, see BatchFeeder).
+        valid: per id, False on a padding repeat (and on a placeholder).
         skipped: samples of the plan's batch left out (no image / failed before).
         views: what was given to DALI (kept alive until the output is consumed).
     """
@@ -141,6 +142,7 @@ class FedBatch:
     ids: np.ndarray
     skipped: tuple[int, ...] = ()
     views: tuple[Any, ...] = field(default=(), repr=False)
+    valid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
 
 
 class BatchFeeder:
@@ -156,7 +158,8 @@ class BatchFeeder:
         table: where images are.
         maps: the mapped shards.
         labels: ``labels(ids) -> int64 array``, or None (zeros are fed).
-        plan: ``plan(epoch) -> EpochPlan`` of this rank.
+        plan: ``plan(epoch) -> RankPlan`` of this rank (:meth:`EpochCursor.plan
+            <fastfeed.loading.cursor.EpochCursor.plan>`).
         placeholder: bytes of a tiny valid image for empty batches.
         pack: ``views -> what external_source is fed`` (:func:`tensor_batch`; the list
             of views itself by default).
@@ -164,7 +167,7 @@ class BatchFeeder:
 
     def __init__(self, table: SampleTable, maps: ShardMaps,
                  labels: Callable[[np.ndarray], np.ndarray] | None,
-                 plan: Callable[[int], EpochPlan], placeholder: bytes,
+                 plan: Callable[[int], RankPlan], placeholder: bytes,
                  pack: Callable[[list[memoryview]], Any] = list) -> None:
         self.table = table
         self.maps = maps
@@ -175,7 +178,7 @@ class BatchFeeder:
         self.generation = 0
         self.pending: deque[FedBatch] = deque()
         self._placeholder = memoryview(placeholder)
-        self._batches: Iterator[tuple[int, int, np.ndarray]] = iter(())
+        self._batches: Iterator[tuple[int, int, Batch]] = iter(())
 
     @property
     def excluded(self) -> frozenset[int]:
@@ -191,7 +194,7 @@ class BatchFeeder:
         self.generation += 1
         self._batches = self._stream(epoch, step)
 
-    def _stream(self, epoch: int, step: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    def _stream(self, epoch: int, step: int) -> Iterator[tuple[int, int, Batch]]:
         while True:
             plan = self.plan(epoch)
             for b in range(step, plan.num_batches):
@@ -202,26 +205,27 @@ class BatchFeeder:
         """The next batch to feed: its images (``pack(views)``) and ``meta`` rows
         ``(generation, epoch, step, sample id, label)``, int64 (B, 5)."""
         epoch, step, planned = next(self._batches)
-        ids, skipped = self._drop_excluded(planned)
+        ids, skipped, valid = self._drop_excluded(planned.ids, planned.valid)
         views = self._views(ids)
-        if not views:  # every sample of the batch was excluded: one placeholder
-            ids = np.array([-1], dtype=np.int64)
+        if not views:  # every sample excluded, or an empty batch (pad=False): one placeholder
+            ids, valid = np.array([-1], dtype=np.int64), np.zeros(1, dtype=bool)
             views = [self._placeholder]
         images = self.pack(views)
         meta = np.empty((len(ids), META_COLUMNS), dtype=np.int64)
         meta[:, GENERATION], meta[:, EPOCH], meta[:, STEP], meta[:, SAMPLE] = self.generation, epoch, step, ids
         meta[:, LABEL] = self.labels(np.maximum(ids, 0)) if self.labels is not None else 0
-        self.pending.append(FedBatch(self.generation, epoch, step, ids, skipped, (images, views)))
+        self.pending.append(FedBatch(self.generation, epoch, step, ids, skipped, (images, views), valid))
         return images, meta
 
-    def _drop_excluded(self, planned: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
-        """The planned samples minus the excluded ones, and the ones left out."""
+    def _drop_excluded(self, planned: np.ndarray, valid: np.ndarray,
+                       ) -> tuple[np.ndarray, tuple[int, ...], np.ndarray]:
+        """The planned samples minus the excluded ones, the ones left out, and the kept ``valid``."""
         if not self._excluded.size:
-            return planned, ()
+            return planned, (), valid
         out = np.isin(planned, self._excluded)
         if not out.any():
-            return planned, ()
-        return planned[~out], tuple(planned[out].tolist())
+            return planned, (), valid
+        return planned[~out], tuple(planned[out].tolist()), valid[~out]
 
     def _views(self, ids: np.ndarray) -> list[memoryview]:
         """Zero-copy views of the batch's image bytes in the mapped shards, in order."""

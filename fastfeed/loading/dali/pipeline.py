@@ -78,6 +78,7 @@ from fastfeed.errors import FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
+from fastfeed.loading.planner import PlanSpec
 from fastfeed.loading.stats import LoaderStats
 
 # build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
@@ -148,13 +149,15 @@ class DaliLoader(Resumable):
         stats: per-step wait times, throughput and skipped samples.
     """
 
-    def __init__(self, index: DatasetIndex, options: LoaderOptions, *, dali: Any) -> None:
+    def __init__(self, index: DatasetIndex, options: LoaderOptions, *, dali: Any,
+                 spec: PlanSpec | None = None) -> None:
         self.index = index
         self.options = options
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
         self.stats = LoaderStats(log_every=options.log_every)
-        self._cursor = EpochCursor.for_options(index, options)
+        self._cursor = EpochCursor.for_options(index, options, spec)
+        self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
         self._maps = ShardMaps(index, cache_dir=options.cache_dir, cache_size=options.cache_size,
                                storage_options=options.storage_options)
@@ -167,7 +170,6 @@ class DaliLoader(Resumable):
         # counts for the others): "cls" when labels come from the index, "txt", "json", ...
         self._other = [e for e in self._table.exts
                        if e != self._label_field and self._beside_image(e).any()]
-        self._num_batches = self._cursor.num_batches
         self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
                                    pack=tensor_batch(dali))
         # the pipelines (batch j of the feed comes from pipeline j % N) and what they run;
@@ -212,12 +214,14 @@ class DaliLoader(Resumable):
         return self._cursor.run(self._open_pass)
 
     def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
+        if (p.prior, p.legacy) != self._planned:  # a resume at another shape: another plan
+            self._planned, self._stream = (p.prior, p.legacy), None
         self.stats.begin_pass()
         return self._run(p.epoch, p.start)
 
     def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         clock = time.perf_counter
-        for step in range(start, self._num_batches):
+        for step in range(start, self._cursor.plan(epoch).num_batches):
             t0 = clock()
             batch, skipped, messages = self._next_batch(epoch, step)
             t1 = clock()
@@ -332,7 +336,8 @@ class DaliLoader(Resumable):
         pipe.feed_input(META, meta)
 
     def _advance(self, epoch: int, step: int) -> None:
-        self._stream = (epoch, step + 1) if step + 1 < self._num_batches else (epoch + 1, 0)
+        n = self._cursor.plan(epoch).num_batches
+        self._stream = (epoch, step + 1) if step + 1 < n else (epoch + 1, 0)
 
     def _next_batch(self, epoch: int, step: int) -> tuple[dict[str, Any], int, list[str]]:
         try:
@@ -361,9 +366,9 @@ class DaliLoader(Resumable):
                     f"{epoch}, {step}) was expected; please report it")
             if self._dynamic:  # outputs stay valid after release: start the next iteration first
                 self._next_iteration()
-                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE], fed.valid)
             else:  # release recycles the output buffers: copy them out first
-                batch, dropped = self._to_batch(outs, meta[:, SAMPLE])
+                batch, dropped = self._to_batch(outs, meta[:, SAMPLE], fed.valid)
                 self._next_iteration()
             self._advance(epoch, step)
             skipped = [*fed.skipped, *dropped]
@@ -390,8 +395,9 @@ class DaliLoader(Resumable):
         self._dali.feed_ndarray(t, x, cuda_stream=stream)
         return x
 
-    def _to_batch(self, outs: Any, ids: np.ndarray) -> tuple[dict[str, Any], list[int]]:
-        """Torch batch of one pipeline output; also returns samples dropped here (bad fields)."""
+    def _to_batch(self, outs: Any, ids: np.ndarray, valid: np.ndarray) -> tuple[dict[str, Any], list[int]]:
+        """Torch batch of one pipeline output (``valid``: per fed sample, False on padding);
+        also returns samples dropped here (bad fields)."""
         images = self._tensor(outs[0])
         labels = self._tensor(outs[1]) if self._labels is not None else None
         keep = ids >= 0  # placeholder rows (a batch whose samples were all skipped) go
@@ -410,11 +416,14 @@ class DaliLoader(Resumable):
             labels = labels[mask] if labels is not None else None
             others = {k: [v for v, kp in zip(vals, keep.tolist()) if kp] for k, vals in others.items()}
             ids = ids[keep]
+            valid = valid[keep]
         batch: dict[str, Any] = {"image": images}
         if labels is not None:
             batch["label"] = labels
         batch["__key__"] = self._table.keys(ids)
         batch.update(others)
+        batch["__source__"] = torch.zeros(len(ids), dtype=torch.int64)  # one dataset: decode="dali" mixes none
+        batch["valid"] = torch.from_numpy(np.ascontiguousarray(valid, dtype=bool))
         return batch, dropped
 
     def _beside_image(self, ext: str, ids: np.ndarray | slice = slice(None)) -> np.ndarray:
