@@ -47,17 +47,39 @@ import time
 from typing import Any, Callable, Mapping
 
 from fastfeed._util import parse_duration
-from fastfeed.dist import local_world_size, resolve_world
-from fastfeed.diagnosis.probes import image_stats, read_samples, source_probe, storage_probe
+from fastfeed.decode.cpu import normalize_image_size
+from fastfeed.decode.fields import is_image
+from fastfeed.diagnosis.probes import (
+    image_stats,
+    read_samples,
+    source_probe,
+    storage_probe,
+)
 from fastfeed.diagnosis.report import DoctorReport, Finding, Stage
-from fastfeed.diagnosis.stages import (Budget, Run, balance_stage, dali_skip_reason, dali_stage, decode_stages,
-                                    loader_stage, step_stage)
+from fastfeed.diagnosis.stages import (
+    Budget,
+    Run,
+    balance_stage,
+    dali_skip_reason,
+    dali_stage,
+    decode_stages,
+    loader_stage,
+    step_stage,
+)
 from fastfeed.diagnosis.verdict import Facts, conclude
+from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
+from fastfeed.loading.auto import resolve_auto
+from fastfeed.loading.knobs import Setting
 from fastfeed.packed.index import DatasetIndex
+from fastfeed.packed.reader import check_shards, resolve_index
 from fastfeed.storage.remote import is_url
-from fastfeed.tuning.defaults import DEFAULT_BATCH_SIZE, resolve_defaults, small_dataset_note
+from fastfeed.tuning.defaults import (
+    DEFAULT_BATCH_SIZE,
+    resolve_defaults,
+    small_dataset_note,
+)
 
 __all__ = ["DoctorReport", "Finding", "Stage", "doctor"]
 
@@ -92,8 +114,6 @@ def _check(batch_size: int, target_rate: float | None, step_time: float | None, 
 
 
 def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex:
-    from fastfeed.packed.reader import check_shards, resolve_index
-
     try:
         index = resolve_index(path, cache_dir=cache_dir, storage_options=storage_options)
     except FastfeedError as e:
@@ -108,8 +128,6 @@ def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex
 
 
 def _has_images(index: DatasetIndex) -> bool:
-    from fastfeed.decode.fields import is_image
-
     return any(is_image(f) for f in index.fields)
 
 
@@ -176,9 +194,6 @@ def doctor(
     kwargs = dict(loader_kwargs or {})
     kwargs.update(cache_dir=cache_dir, storage_options=storage_options, rank=0, world_size=1)
     index = _load_index(path_s, cache_dir, storage_options)
-    from fastfeed.decode.cpu import normalize_image_size
-    from fastfeed.loading.auto import resolve_auto
-    from fastfeed.loading.knobs import Setting
 
     has_images = _has_images(index)
     chosen = resolve_defaults(has_images=has_images, batch_size=given_batch, image_size=image_size, decode=decode)

@@ -32,11 +32,14 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from fastfeed.decode.cpu import pick_image_field
 from fastfeed.diagnosis.report import Stage
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.timing.measure import Measurement, measure
+from fastfeed.packed.reader import ShardSource
+from fastfeed.storage.remote import _remote_chunks as chunks
 from fastfeed.storage.remote import filesystem, is_url, local_path
+from fastfeed.timing.measure import Measurement, measure
 
 __all__ = ["ImageStats", "decode_probe", "evict", "image_stats", "read_samples", "source_probe",
            "storage_probe"]
@@ -101,7 +104,6 @@ def _local_chunks(paths: list[str]) -> Iterator[int]:
 def _remote_chunks(shards: list[tuple[str, int]], storage_options: Mapping[str, Any] | None) -> Iterator[int]:
     # the loader's own download path (waves of parallel ranged reads, retried), so the
     # probe sees what a worker sees
-    from fastfeed.storage.remote import _remote_chunks as chunks
 
     for url, size in itertools.cycle(shards):
         for part in chunks(url, size, storage_options, None):
@@ -229,7 +231,6 @@ def read_samples(index: DatasetIndex, *, max_samples: int = 256, max_bytes: int 
     Reads the first ``max_shards`` shards at most, in index order (packed shards are
     shuffled), so a remote dataset costs a few shard downloads.
     """
-    from fastfeed.packed.reader import ShardSource
 
     src = ShardSource(index, cache_dir=cache_dir, storage_options=storage_options, max_open=2)
     samples: list[dict[str, Any]] = []
@@ -277,7 +278,6 @@ def image_stats(samples: Sequence[dict[str, Any]], field: str | None = None) -> 
     """
     from PIL import Image, UnidentifiedImageError
 
-    from fastfeed.decode.cpu import pick_image_field
 
     sizes, nbytes, plain = [], [], 0
     for s in samples[:64]:

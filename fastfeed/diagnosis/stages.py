@@ -20,12 +20,17 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from fastfeed.loading.bottleneck import LoadProfile
+from fastfeed.decode.cpu import CpuDecoder
 from fastfeed.diagnosis.probes import decode_probe
 from fastfeed.diagnosis.report import Stage
 from fastfeed.errors import FastfeedError
+from fastfeed.loading.bottleneck import LoadProfile
+from fastfeed.loading.dali.backend import DALI_INSTALL, dali_available
+from fastfeed.loading.knobs import Setting
 from fastfeed.packed.index import DatasetIndex
+from fastfeed.sampling.balance import balance_report
 from fastfeed.timing.measure import Measurement
+from fastfeed.tuning.api import measure_loader
 
 __all__ = ["Budget", "Run", "balance_stage", "dali_skip_reason", "dali_stage", "decode_stages", "loader_stage",
            "step_stage"]
@@ -73,7 +78,6 @@ class Run:
 def decode_stages(run: Run, index: DatasetIndex, samples: list[dict[str, Any]], ids: np.ndarray,
                   cores_per_rank: int, local_ranks: int) -> None:
     """Decode + augmentation ceilings: one process, then one process per core of the host."""
-    from fastfeed.decode.cpu import CpuDecoder
 
     args = {_DECODER_ARGS[k]: v for k, v in run.loader_kwargs.items() if k in _DECODER_ARGS}
     decoder = CpuDecoder(image_size=run.image_size, seed=run.seed, **args)
@@ -112,7 +116,6 @@ def loader_run(run: Run, *, seconds: float, step_time: float | None = None
         The measurement, the workers' profile, and the CPU share of the training process
         itself while batches arrived (receiving them: unpickling, the pin-memory thread).
     """
-    from fastfeed.tuning.api import measure_loader
 
     held: dict[str, Any] = {}
     seen = [0]
@@ -202,7 +205,6 @@ def dali_skip_reason(index: DatasetIndex, decode: str | None, has_images: bool) 
 
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
-    from fastfeed.loading.dali.backend import DALI_INSTALL, dali_available
 
     if not dali_available():
         return f"DALI is not installed ({DALI_INSTALL})"
@@ -214,8 +216,6 @@ def dali_stage(run: Run, skip: str | None) -> None:
     if skip is not None:
         run.emit(Stage("dali", "GPU decode (DALI)", None, "", {}, skipped=skip))
         return
-    from fastfeed.tuning.api import measure_loader
-    from fastfeed.loading.knobs import Setting
 
     kwargs = {k: v for k, v in run.loader_kwargs.items() if k not in ("transform", "decode_backend")}
     try:
@@ -238,7 +238,6 @@ def balance_stage(run: Run, index: DatasetIndex, world_size: int) -> Any:
         run.emit(Stage("balance", "length balance", None, "", {},
                        skipped="no lengths in the index (`fastfeed pack --length FIELD`)"))
         return None
-    from fastfeed.sampling.balance import balance_report
 
     r = balance_report(lengths, world_size=world_size, batch_size=run.batch_size, seed=run.seed)
     ff, base = r.rows[0], r.rows[1]

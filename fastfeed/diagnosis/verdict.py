@@ -25,9 +25,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastfeed._util import format_bytes
-from fastfeed.loading.bottleneck import INPUT_BOUND, LoadProfile, diagnose
+from fastfeed.decode import roi
+from fastfeed.decode.image import turbo_available
 from fastfeed.diagnosis.probes import ImageStats
 from fastfeed.diagnosis.report import Finding, Stage
+from fastfeed.loading.bottleneck import INPUT_BOUND, LoadProfile, diagnose
 
 __all__ = ["Facts", "conclude"]
 
@@ -193,8 +195,6 @@ def _restarts(f: Facts) -> str | None:
     img = f.images
     if img is None or img.plain_jpeg_share < 0.5 or f.image_size is None or f.decode not in ("cpu", None):
         return None
-    from fastfeed.decode import roi
-    from fastfeed.decode.image import turbo_available
 
     if not (roi.built() and turbo_available()):  # pack needs the extension, cropping simplejpeg + OpenCV
         return None

@@ -31,16 +31,30 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from fastfeed._util import format_bytes, parse_duration, parse_size
+from fastfeed.decode.fields import is_image
 from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count, memory_total
+from fastfeed.loading.api import loader as make_loader
+from fastfeed.loading.auto import (
+    HEURISTIC_MAX_WORKERS,
+    heuristic_workers,
+    lookup,
+    resolve_auto,
+)
+from fastfeed.loading.knobs import SearchSpace, Setting, space_for, worker_ladder
+from fastfeed.loading.tuned import (
+    TuneKey,
+    TuneRecord,
+    better_stored,
+    save_record,
+    stored_record,
+)
+from fastfeed.packed.reader import resolve_index
 from fastfeed.timing.measure import Measurement, measure
-from fastfeed.tuning.search import Trial, search
 from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note
 from fastfeed.tuning.report import TuneResult, plot_result, require_plot
-from fastfeed.loading.knobs import SearchSpace, Setting, space_for
-from fastfeed.loading.auto import HEURISTIC_MAX_WORKERS, heuristic_workers, lookup, resolve_auto
-from fastfeed.loading.tuned import TuneKey, TuneRecord, better_stored, save_record, stored_record
+from fastfeed.tuning.search import Trial, search
 
 __all__ = [
     "HEURISTIC_MAX_WORKERS",
@@ -154,8 +168,6 @@ def _measure_loader(
     seed: int, loader_kwargs: Mapping[str, Any] | None, clock: Callable[[], float],
     consume: Callable[[Any], None] | None = None, on_loader: Callable[[Any], None] | None = None,
 ) -> Measurement:
-    from fastfeed.loading.api import loader as make_loader
-
     extra = dict(loader_kwargs or {})
     persistent = setting.num_workers == 0 or bool(extra.get("persistent_workers", True))
     with warnings.catch_warnings():  # tune oversubscribes the cores on purpose
@@ -212,7 +224,6 @@ def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank:
     most ~7 rungs), ~3 refine/prefetch points, each knob's values, and confirms the
     top candidates with longer trials.
     """
-    from fastfeed.loading.knobs import worker_ladder
 
     rungs = len(space.workers) if space.workers is not None else len(
         [w for w in worker_ladder(cap) if w <= cores_per_rank + 2])
@@ -284,8 +295,6 @@ def tune(
         >>> r = tune("/data/imagenet-ff", batch_size=256, image_size=224, step_time=0.25)  # doctest: +SKIP
         >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
     """
-    from fastfeed.decode.fields import is_image
-    from fastfeed.packed.reader import resolve_index
 
     if plot is not None:
         require_plot(plot)  # before measuring for the whole budget
@@ -308,7 +317,6 @@ def tune(
     cores = cpu_count()
     mem_budget = (parse_size(memory_budget, "memory_budget") if memory_budget is not None
                   else (memory_total() // (2 * ranks) or None))
-    import fastfeed.loading.api  # noqa: F401  (import torch before the clock starts)
 
     space = space_for(decode)
     cores_per_rank = max(1, cores // ranks)
