@@ -391,6 +391,14 @@ def pipelines_compare(ds: Path, setting: Setting, cfg: Config) -> list[Result]:
         "hand-written dali": lambda: handwritten_dali(ds, knobs, at),
         "hand-written dali x2 (half threads each)": lambda: handwritten_two(ds, knobs, at),
     }
+    # two pipelines of the single best's threads each (benchmarks/dali_variants.py's two-pipes
+    # variant ran 2 x 8): more threads in all, capped at the cores
+    doubled = {**knobs, "num_threads": min(2 * int(knobs["num_threads"]), os.cpu_count() or 16)}
+    if doubled["num_threads"] > knobs["num_threads"]:
+        makers[f"fastfeed dali num_pipelines=2, num_threads={doubled['num_threads']}"] = (
+            lambda: fastfeed_dali(ds, {**doubled, "num_pipelines": 2}, at))
+        makers[f"hand-written dali x2, num_threads={doubled['num_threads']}"] = (
+            lambda: handwritten_two(ds, doubled, at))
     runs: dict[str, list[Measurement]] = {k: [] for k in makers}
     for order in (list(makers), list(makers)[::-1]):
         for name in order:
