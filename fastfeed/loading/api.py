@@ -333,7 +333,7 @@ def loader(
         >>> sum(len(b["__key__"]) for b in val)       # this rank's share, no repeat     # doctest: +SKIP
         6250
     """
-    check_source(path_or_url, decode)
+    check_source(path_or_url, decode, weights)
     options = loader_options(
         batch_size=batch_size, shuffle=shuffle, seed=seed, decode=decode, transform=transform,
         image_size=image_size, augment=augment, num_workers=num_workers, prefetch_factor=prefetch_factor,
@@ -356,7 +356,7 @@ def loader(
     elif options.seq_len is None:  # seq_len: TokenBatches checks that one window of tokens fits
         options.check_fits(sources.spec.epoch_samples)
     if options.decode == "dali":
-        return dali_loader(sources.indexes[0], options, sources.spec)
+        return dali_loader(sources.indexes, options, sources.spec, sources.names)
     return _cpu_loader(sources, options)
 
 

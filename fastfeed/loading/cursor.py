@@ -166,19 +166,25 @@ class EpochCursor:
         self._passes = 0
 
     @classmethod
-    def for_options(cls, index: DatasetIndex, options: LoaderOptions,
+    def for_options(cls, index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOptions,
                     spec: PlanSpec | None = None) -> "EpochCursor":
-        """The cursor of a loader over one dataset ``index`` with ``options``; ``spec`` carries
-        its subset/filter (:func:`fastfeed.loading.sources.open_sources`), None: every sample.
+        """The cursor of a loader over ``index`` (one dataset, or a sequence of them when
+        mixing) with ``options``; ``spec`` carries the weights and subset/filter
+        (:func:`fastfeed.loading.sources.open_sources`), None: every sample of one dataset.
 
         Example:
             >>> cursor = EpochCursor.for_options(index, options)     # doctest: +SKIP
         """
         o = options
+        indexes = [index] if isinstance(index, DatasetIndex) else list(index)
         if spec is None:
-            spec = plan_spec([index.shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.shuffle_block)
-        return cls(spec, fingerprints=[index.fingerprint], batch_size=o.batch_size, drop_last=o.drop_last,
-                   pad=o.pad, rank=o.rank, world_size=o.world_size)
+            if len(indexes) != 1:
+                raise ConfigError(f"EpochCursor.for_options: {len(indexes)} datasets need their plan spec "
+                                  "(open_sources(...).spec), which holds the weights")
+            spec = plan_spec([indexes[0].shard_counts], seed=o.seed, shuffle=o.shuffle,
+                             shuffle_block=o.shuffle_block)
+        return cls(spec, fingerprints=[i.fingerprint for i in indexes], batch_size=o.batch_size,
+                   drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size)
 
     def fresh(self) -> "EpochCursor":
         """A new cursor built like this one, at epoch 0 with no resume point (a re-created loader's).

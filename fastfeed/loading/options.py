@@ -282,18 +282,25 @@ def check_dali_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_source(path_or_url: Any, decode: str | None) -> None:
-    """``decode="dali"`` reads one packed dataset (its DALI index files), not a list of tars
-    (a folder, a URL or a loaded :class:`~fastfeed.packed.index.DatasetIndex`).
+def check_source(path_or_url: Any, decode: str | None, weights: Any = None) -> None:
+    """``decode="dali"`` reads packed datasets (their DALI index files), not a list of tars:
+    one (a folder, a URL or a loaded :class:`~fastfeed.packed.index.DatasetIndex`), or with
+    ``weights`` a list of them to mix.
 
     Example:
         >>> check_source("/data/ff", "dali")
+        >>> check_source(["/data/a", "/data/b"], "dali", weights=[1, 1])
     """
-    if decode == "dali" and not isinstance(path_or_url, (str, os.PathLike, DatasetIndex)):
-        raise ConfigError(
-            f"decode='dali' reads one packed dataset (a folder or URL with index.json), not "
-            f"{type(path_or_url).__name__}; pack the tars with `fastfeed pack` (it writes the DALI "
-            "index files) or use decode='cpu'")
+    one = (str, os.PathLike, DatasetIndex)
+    listed = isinstance(path_or_url, (list, tuple))
+    if decode != "dali" or isinstance(path_or_url, one) or \
+            (listed and weights is not None and all(isinstance(p, one) for p in path_or_url)):
+        return
+    what = "a list of tars (an entry holding several)" if listed else type(path_or_url).__name__
+    raise ConfigError(
+        f"decode='dali' reads packed datasets (a folder or URL with index.json; with weights=, a list "
+        f"of them), not {what}; pack the tars with `fastfeed pack` (it writes the DALI "
+        "index files) or use decode='cpu'")
 
 
 # ---------------------------------------------------------------------- pieces

@@ -15,7 +15,9 @@ Rules (documented in :func:`fastfeed.loader`):
 Datasets mixed into one batch must decode the same way: with ``decode="cpu"`` and an
 image size every dataset needs an image field, and labels must come from every
 dataset's index or from none; otherwise a :class:`~fastfeed.errors.ConfigError` names
-the datasets and what differs. With ``decode=None`` batches carry the index's labels
+the datasets and what differs. ``decode="dali"`` mixes packed tar datasets under the same
+label rule; each needs images DALI decodes (checked against its DALI index files when
+the loader is built, :func:`fastfeed.loading.dali.pipeline.mixed_table`). With ``decode=None`` batches carry the index's labels
 (``"label"``) only when every dataset records them (the raw ``cls`` field is there anyway). Other fields may differ (a field missing from a sample
 collates to None, as within one dataset).
 
@@ -133,14 +135,12 @@ def check_compatible(indexes: Sequence[DatasetIndex], names: Sequence[str], o: L
     Raises:
         ConfigError: naming the datasets and what differs.
     """
-    if o.decode == "dali":
-        raise ConfigError("decode='dali' reads one dataset; mix datasets with decode='cpu'")
     labelled = [i.has_labels for i in indexes]
-    if o.decode == "cpu" and any(labelled) and not all(labelled):
+    if o.decode in ("cpu", "dali") and any(labelled) and not all(labelled):
         have = [n for n, h in zip(names, labelled) if h]
         lack = [n for n, h in zip(names, labelled) if not h]
         raise ConfigError(f"mixed datasets differ in labels: {', '.join(have)} record labels in the index, "
-                          f"{', '.join(lack)} do not, so decode='cpu' batches would mix index labels with "
+                          f"{', '.join(lack)} do not, so decode={o.decode!r} batches would mix index labels with "
                           "parsed cls fields; pack them alike (labels for all or none), or use decode=None "
                           "(raw fields; no index label then)")
     if o.decode == "cpu" and o.image_size is not None:

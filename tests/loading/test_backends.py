@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 import torch
+import numpy as np
 from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
 from fastfeed.loading.planner import plan_rank, plan_spec
 from fastfeed.packed.index import DatasetIndex
+from tools.synth import make_jpeg
 
 BACKENDS = ["cpu", "dali"]
 BATCH, SEED = 7, 13
@@ -49,6 +51,15 @@ def packed(small_image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="module")
 def corrupt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tar_dataset(tmp_path_factory.mktemp("backends_bad") / "ff", corrupt_samples(), 6)
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second image dataset to mix with ``packed``: 21 JPEGs keyed m000..m020, labels 5..7."""
+    rng = np.random.default_rng(11)
+    samples = [(f"m{i:03d}", {"jpg": make_jpeg(rng, (40, 30)), "cls": b"%d" % (5 + i % 3)}) for i in range(21)]
+    return tar_dataset(tmp_path_factory.mktemp("backends_other") / "ff", samples, 8,
+                       labels=[5 + i % 3 for i in range(21)])
 
 
 @pytest.fixture(params=BACKENDS)
@@ -310,13 +321,68 @@ def test_elastic_resume_at_another_world_and_batch_size(packed: Path, backend: s
     assert keys(new[0]) == expected(packed, 3, rank=0, world_size=2, batch_size=5)  # then a fresh run's
 
 
-def test_mixing(packed: Path, backend: str) -> None:
-    if backend == "dali":
-        with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset"):
-            make([packed, packed], backend, weights=[1, 1])
-        return
-    dl = make([packed, packed], backend, weights=[3, 1], batch_size=4)
+def _index_keys(root: Path) -> list[str]:
+    if root not in _INDEX_KEYS:
+        expected(root, 0)
+    return _INDEX_KEYS[root]
+
+
+def mixed_expected(roots: list[Path], weights: list[float], epoch: int, *, rank: int = 0, world_size: int = 1,
+                   batch_size: int = BATCH) -> list[list[tuple[int, str]]]:
+    """Per batch of ``epoch`` on ``rank``: (dataset, key) of each sample, from the plan."""
+    names = [_index_keys(r) for r in roots]
+    spec = plan_spec([DatasetIndex.load(r).shard_counts for r in roots], weights=weights, seed=SEED)
+    plan = plan_rank(spec, epoch=epoch, world_size=world_size, rank=rank, batch_size=batch_size)
+    return [[(k, names[k][i]) for i, k in zip(plan.batch(b).ids.tolist(), plan.batch(b).source.tolist())]
+            for b in range(plan.num_batches)]
+
+
+def sourced(batches: Any, valid_only: bool = False) -> list[list[tuple[int, str]]]:
+    return [[(int(s), k) for s, k, v in zip(b["__source__"].tolist(), b["__key__"], b["valid"].tolist())
+             if v or not valid_only] for b in batches]
+
+
+def test_mixing(packed: Path, other: Path, backend: str) -> None:
+    """Both backends deliver the shared mixing plan: per batch the same (dataset, key)
+    pairs, ``__source__`` and labels as the CPU path, in the weights' proportions."""
+    roots, weights = [packed, other], [3.0, 1.0]
+    dl = make(roots, backend, weights=weights, batch_size=4)
     batches = list(dl)
+    assert sourced(batches) == mixed_expected(roots, weights, 0, batch_size=4) and len(dl) == len(batches)
     src = [s for b in batches for s in b["__source__"].tolist()]
-    assert len(dl) == len(batches) and src.count(0) == 60 and src.count(1) == 20
+    assert src.count(0) == 60 and src.count(1) == 20
     assert all(int((b["__source__"] == 1).sum()) == 1 for b in batches)  # 4 * 1/4 per batch
+    cpu = list(make(roots, "cpu", weights=weights, batch_size=4))
+    assert [b["__source__"].tolist() for b in batches] == [b["__source__"].tolist() for b in cpu]
+    assert [b["label"].tolist() for b in batches] == [b["label"].tolist() for b in cpu]
+    assert {int(x) for b in batches for x, s in zip(b["label"].tolist(), b["__source__"].tolist()) if s} <= {5, 6, 7}
+
+
+def test_mixing_resumes_mid_epoch_and_elastically(packed: Path, other: Path, backend: str) -> None:
+    roots, weights = [packed, other], [2.0, 1.0]
+    old = [make(roots, backend, weights=weights, rank=r, world_size=2) for r in range(2)]
+    head: list[list[tuple[int, str]]] = []
+    for dl in old:
+        dl.set_epoch(1)
+        it = iter(dl)
+        head += sourced([next(it), next(it)], valid_only=True)
+    state = json.loads(json.dumps(old[0].state_dict()))
+    same = make(roots, backend, weights=weights, rank=1, world_size=2)  # the same shape: the rest of rank 1
+    same.load_state_dict(state)
+    assert sourced(same) == mixed_expected(roots, weights, 1, rank=1, world_size=2)[2:]
+    alone = make(roots, backend, weights=weights, world_size=1, batch_size=5)  # 2 ranks -> 1
+    alone.load_state_dict(state)
+    rest = sourced(alone, valid_only=True)
+    full = [p for b in mixed_expected(roots, weights, 1, world_size=1, batch_size=60) for p in b]
+    assert sorted(p for b in head + rest for p in b) == sorted(full) and alone.epoch == 1
+    assert sourced(alone) == mixed_expected(roots, weights, 2, batch_size=5)  # then a fresh run's
+
+
+def test_dali_mixing_needs_image_datasets(packed: Path, tmp_path: Path) -> None:
+    require_dali()
+    text = tar_dataset(tmp_path / "text", [(f"t{i}", {"txt": b"words", "cls": b"1"}) for i in range(6)], 3,
+                       labels=[1] * 6)
+    with pytest.raises(ConfigError, match=f"{text}.*no image field DALI decodes.*fields: cls, txt"):
+        make([packed, text], "dali", weights=[1, 1])
+    with pytest.raises(ConfigError, match="decode='dali' reads packed datasets.*not a list of tars"):
+        fastfeed.loader([[str(packed)], str(text)], weights=[1, 1], batch_size=BATCH, image_size=16, **DALI_CPU)

@@ -155,7 +155,7 @@ def test_the_dali_backend_never_imports_loading_api() -> None:
 
 
 def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
-    with pytest.raises(ConfigError, match="decode='dali' reads one packed dataset.*not list.*fastfeed pack"):
+    with pytest.raises(ConfigError, match="decode='dali' reads packed datasets.*not a list of tars.*fastfeed pack"):
         fastfeed.loader(["a.tar", "b.tar"], batch_size=4, decode="dali", image_size=16)
 
 

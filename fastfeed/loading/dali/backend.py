@@ -82,7 +82,7 @@ import logging
 import os
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 from fastfeed.dist import local_world_size
 from fastfeed.errors import ConfigError, MissingDependencyError
@@ -266,26 +266,30 @@ def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], use
         ", ".join(f"{k}={v}" for k, v in sorted(used.items())), index.root or "DATASET", batch_size, size)
 
 
-def dali_loader(index: DatasetIndex, options: LoaderOptions, spec: PlanSpec | None = None) -> DaliLoader:
-    """The ``decode="dali"`` loader over a packed tar dataset (see the module docstring).
+def dali_loader(index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOptions,
+                spec: PlanSpec | None = None, names: Sequence[str] | None = None) -> DaliLoader:
+    """The ``decode="dali"`` loader over packed tar datasets (see the module docstring).
 
-    ``fastfeed.loader(..., decode="dali")`` calls this with the dataset's index and its
+    ``fastfeed.loader(..., decode="dali")`` calls this with the datasets' indexes and its
     validated options (:func:`fastfeed.loading.options.loader_options`); here the DALI
-    knobs left ``"auto"`` are resolved (a stored tune result, else :data:`DEFAULTS`) and
-    ``device_id`` becomes a device.
+    knobs left ``"auto"`` are resolved (a stored tune result for the first dataset, else
+    :data:`DEFAULTS`) and ``device_id`` becomes a device.
 
     Args:
-        index: the packed dataset's index (tar shards with DALI index files).
+        index: the packed dataset's index (tar shards with DALI index files), or one per
+            dataset to mix.
         options: the loader's options, ``decode="dali"``.
-        spec: the plan inputs with the dataset's ``subset`` / ``filter``
-            (:func:`fastfeed.loading.sources.open_sources`); None: every sample.
+        spec: the plan inputs with the weights and each dataset's ``subset`` / ``filter``
+            (:func:`fastfeed.loading.sources.open_sources`); None: every sample of one dataset.
+        names: the datasets as the user named them, for messages.
 
     Returns:
         A :class:`DaliLoader`; ``options.knobs_from`` says where its knobs came from.
 
     Raises:
         MissingDependencyError: DALI is not installed (the message has the pip line).
-        ConfigError: no GPU (suggests ``decode="cpu"``), or options of another ``decode``.
+        ConfigError: no GPU (suggests ``decode="cpu"``), options of another ``decode``, a
+            dataset that is not tar shards, or a mixed dataset without images.
         IndexMismatchError: the dataset's DALI index files are missing or wrong.
 
     Example:
@@ -297,7 +301,8 @@ def dali_loader(index: DatasetIndex, options: LoaderOptions, spec: PlanSpec | No
     if options.decode != "dali":
         raise ConfigError(f"dali_loader() got options with decode={options.decode!r}; build them with "
                           "loader_options(decode='dali', ...)")
+    indexes = [index] if isinstance(index, DatasetIndex) else list(index)
     d = import_dali()
-    knobs, source = _resolve_knobs(index, options)
+    knobs, source = _resolve_knobs(indexes[0], options)
     resolved = replace(options, **knobs, knobs_from=source, device_id=resolve_device(options.device_id))
-    return DaliLoader(index, resolved, dali=d, spec=spec)
+    return DaliLoader(indexes, resolved, dali=d, spec=spec, names=names)

@@ -10,6 +10,11 @@ images as zero-copy views of the mapped shards (located by the
 match every output batch to the batch it fed. :class:`FieldReader` decodes the other
 fields of a batch on the host, as the CPU path does.
 
+Mixing (several datasets): the table (:func:`~fastfeed.loading.dali.table.concat_tables`)
+and the maps number the samples and shards of all datasets one dataset after the other,
+and the feeder turns each planned ``(dataset, id)`` into that global number, so the feed,
+the ``meta`` rows and the error messages work on one numbering.
+
 Why not ``fn.readers.webdataset``: its order is a shuffle buffer seeded once per
 pipeline, its ``shard_id``/``num_shards`` split gives ranks unequal sample counts, and
 it cannot start mid-epoch. Feeding views of the same memory-mapped files keeps the
@@ -30,7 +35,7 @@ import mmap
 import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -62,27 +67,45 @@ class ShardMaps:
     from unmapped memory. Remote shards (URLs) go through the loader's shard cache
     (:func:`fastfeed.storage.remote.open_shard` with ``cache_dir``).
 
+    With several datasets (``index`` a sequence: mixing), shard ``s`` counts over all of
+    them, dataset 0's shards first (the numbering of
+    :func:`~fastfeed.loading.dali.table.concat_tables`).
+
     Example:
         >>> maps = ShardMaps(index, cache_dir=None)                  # doctest: +SKIP
         >>> bytes(maps.view(0, 1536, 4))                             # doctest: +SKIP
         b'\\xff\\xd8\\xff\\xe0'
     """
 
-    def __init__(self, index: DatasetIndex, *, cache_dir: str | os.PathLike[str] | None,
-                 cache_size: str | int = "50GB", storage_options: Any = None,
-                 max_open: int = 256) -> None:
-        self.index = index
+    def __init__(self, index: DatasetIndex | Sequence[DatasetIndex], *,
+                 cache_dir: str | os.PathLike[str] | None, cache_size: str | int = "50GB",
+                 storage_options: Any = None, max_open: int = 256) -> None:
+        self.indexes: tuple[DatasetIndex, ...] = (index,) if isinstance(index, DatasetIndex) else tuple(index)
+        self.index = self.indexes[0]
         self.cache_dir = cache_dir
         self.cache_size = cache_size
         self.storage_options = storage_options
         self.max_open = max_open
+        # with several datasets (mixing) shards are numbered one dataset after the other,
+        # as concat_tables numbers them
+        self._first_shard = np.cumsum([0] + [len(i.shards) for i in self.indexes]).astype(np.int64)
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        if is_url(index.root) and cache_dir is None:
-            raise ConfigError(
-                f"{index.root}: decode='dali' maps shards into memory and needs them on local disk; "
-                "pass cache_dir='/local/ssd/ff-cache' (shards are downloaded once and kept, "
-                "bounded by cache_size) or use decode='cpu'"
-            )
+        for idx in self.indexes:
+            if is_url(idx.root) and cache_dir is None:
+                raise ConfigError(
+                    f"{idx.root}: decode='dali' maps shards into memory and needs them on local disk; "
+                    "pass cache_dir='/local/ssd/ff-cache' (shards are downloaded once and kept, "
+                    "bounded by cache_size) or use decode='cpu'"
+                )
+
+    def _locate(self, s: int) -> tuple[DatasetIndex, int]:
+        k = int(np.searchsorted(self._first_shard, s, side="right")) - 1
+        return self.indexes[k], s - int(self._first_shard[k])
+
+    def shard_path(self, s: int) -> str:
+        """The path or URL of shard ``s`` (numbered over all datasets)."""
+        index, local = self._locate(s)
+        return index.shard_path(local)
 
     def array(self, s: int) -> np.ndarray:
         """The whole of shard ``s`` as a read-only uint8 array over its mapping."""
@@ -97,8 +120,9 @@ class ShardMaps:
         return arr
 
     def _open(self, s: int) -> np.ndarray:
-        info = self.index.shards[s]
-        url = self.index.shard_path(s)
+        index, local = self._locate(s)
+        info = index.shards[local]
+        url = index.shard_path(local)
         path = open_shard(url, cache_dir=self.cache_dir, cache_size=self.cache_size,
                           storage_options=self.storage_options, size=info.bytes, sha256=info.sha256)
         if not isinstance(path, str):  # only without cache_dir, refused in __init__
@@ -155,7 +179,7 @@ class BatchFeeder:
     so that the step still happens on every rank.
 
     Args:
-        table: where images are.
+        table: where images are (of every mixed dataset, :func:`~fastfeed.loading.dali.table.concat_tables`).
         maps: the mapped shards.
         labels: ``labels(ids) -> int64 array``, or None (zeros are fed).
         plan: ``plan(epoch) -> RankPlan`` of this rank (:meth:`EpochCursor.plan
@@ -205,7 +229,7 @@ class BatchFeeder:
         """The next batch to feed: its images (``pack(views)``) and ``meta`` rows
         ``(generation, epoch, step, sample id, label)``, int64 (B, 5)."""
         epoch, step, planned = next(self._batches)
-        ids, skipped, valid = self._drop_excluded(planned.ids, planned.valid)
+        ids, skipped, valid = self._drop_excluded(self.table.global_ids(planned.ids, planned.source), planned.valid)
         views = self._views(ids)
         if not views:  # every sample excluded, or an empty batch (pad=False): one placeholder
             ids, valid = np.array([-1], dtype=np.int64), np.zeros(1, dtype=bool)
@@ -338,7 +362,7 @@ def image_bytes(table: SampleTable, maps: ShardMaps, i: int) -> bytes:
 def where(table: SampleTable, maps: ShardMaps, i: int) -> tuple[str, str, int]:
     """(shard path, key, image offset) of sample ``i``, for messages."""
     s = int(table.shard_of(np.array([i]))[0])
-    return maps.index.shard_path(s), table.key(i), int(table.offsets[i])
+    return maps.shard_path(s), table.key(i), int(table.offsets[i])
 
 
 def placeholder_jpeg() -> bytes:

@@ -44,7 +44,7 @@ import re
 import time
 import weakref
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -73,8 +73,8 @@ from fastfeed.loading.dali.graph import (
     split_threads,
 )
 from fastfeed.loading.dali.reuse import PipelineSet, adopt, park, pipeline_key
-from fastfeed.loading.dali.table import SampleTable, sample_table
-from fastfeed.errors import FastfeedError, SampleError
+from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
+from fastfeed.errors import ConfigError, FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
@@ -88,7 +88,8 @@ log = logging.getLogger(__name__)
 
 _SAMPLE_NO = re.compile(r"sample #(\d+)")
 _AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
-_TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last table read, reused
+_TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last tables read, reused
+_TABLES_KEPT = 8
 
 
 # A DALI pipeline that is garbage (dropped, in a reference cycle) when the process forks
@@ -124,9 +125,28 @@ def _table(index: DatasetIndex, image_field: str | None, storage_options: Any) -
     table = _TABLES.get(key)
     if table is None:
         table = sample_table(index, image_field, storage_options)
-        _TABLES.clear()
+        while len(_TABLES) >= _TABLES_KEPT:
+            _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = table
     return table
+
+
+def mixed_table(indexes: Sequence[DatasetIndex], names: Sequence[str], image_field: str | None,
+                storage_options: Any) -> SampleTable:
+    """One :class:`SampleTable` over the datasets of a loader (several when mixing).
+
+    Raises:
+        ConfigError: a mixed dataset holds no image DALI decodes (named, with its fields).
+    """
+    tables = [_table(idx, image_field, storage_options) for idx in indexes]
+    if len(tables) > 1:
+        for name, t, idx in zip(names, tables, indexes):
+            if not (t.offsets >= 0).any():
+                raise ConfigError(
+                    f"{name}: decode='dali' decodes an image per sample, and this dataset has no "
+                    f"{image_field or 'image'} field DALI decodes (fields: {', '.join(t.exts) or 'none'}); "
+                    "mix image datasets (jpg, png, ...), pass image_field=, or use decode=None for raw bytes")
+    return concat_tables(tables)
 
 
 class DaliLoader(Resumable):
@@ -144,24 +164,28 @@ class DaliLoader(Resumable):
         batch_size: samples per batch.
         options: the validated :class:`~fastfeed.loading.options.LoaderOptions` (DALI
             knobs and ``device_id`` resolved).
-        index: the dataset index.
+        index: the dataset index (the first one when mixing).
+        indexes: every dataset's index (several when mixing: ``batch["__source__"]`` says
+            which each sample is from).
         rank, world_size: this process's place in the job.
         stats: per-step wait times, throughput and skipped samples.
     """
 
-    def __init__(self, index: DatasetIndex, options: LoaderOptions, *, dali: Any,
-                 spec: PlanSpec | None = None) -> None:
-        self.index = index
+    def __init__(self, index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOptions, *, dali: Any,
+                 spec: PlanSpec | None = None, names: Sequence[str] | None = None) -> None:
+        self.indexes: tuple[DatasetIndex, ...] = (index,) if isinstance(index, DatasetIndex) else tuple(index)
+        self.index = self.indexes[0]
         self.options = options
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
         self.stats = LoaderStats(log_every=options.log_every)
-        self._cursor = EpochCursor.for_options(index, options, spec)
+        self._cursor = EpochCursor.for_options(self.indexes, options, spec)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
-        self._maps = ShardMaps(index, cache_dir=options.cache_dir, cache_size=options.cache_size,
+        self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.cache_size,
                                storage_options=options.storage_options)
-        self._table = _table(index, options.image_field, options.storage_options)
+        names = names or [str(i.root or f"dataset {k}") for k, i in enumerate(self.indexes)]
+        self._table = mixed_table(self.indexes, names, options.image_field, options.storage_options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
@@ -187,9 +211,12 @@ class DaliLoader(Resumable):
     def _label_source(self) -> tuple[Any, str | None]:
         """Labels from the index, else parsed from the ``cls`` field (once per sample),
         else None (no ``"label"`` in batches), as ``decode="cpu"`` does."""
-        if self.index.has_labels:
-            labels = self.index.labels
-            return (lambda ids: np.asarray(labels[ids], dtype=np.int64)), None
+        if all(idx.has_labels for idx in self.indexes):
+            per_source = [idx.labels for idx in self.indexes]
+            if len(per_source) == 1:
+                labels = per_source[0]
+                return (lambda ids: np.asarray(labels[ids], dtype=np.int64)), None
+            return (lambda ids: _mixed_labels(self._table, per_source, ids)), None
         if "cls" not in self._table.exts:
             return None, None
         return (lambda ids: self._fields.ints("cls", ids)), "cls"
@@ -422,7 +449,7 @@ class DaliLoader(Resumable):
             batch["label"] = labels
         batch["__key__"] = self._table.keys(ids)
         batch.update(others)
-        batch["__source__"] = torch.zeros(len(ids), dtype=torch.int64)  # one dataset: decode="dali" mixes none
+        batch["__source__"] = torch.from_numpy(self._table.source_of(ids))
         batch["valid"] = torch.from_numpy(np.ascontiguousarray(valid, dtype=bool))
         return batch, dropped
 
@@ -518,6 +545,17 @@ class DaliLoader(Resumable):
         shard, key, offset = where(self._table, self._maps, i)
         reason = self._skip_reasons.get(i, default)
         return f"{shard}: sample '{key}' (image at byte {offset}): {reason}"
+
+
+def _mixed_labels(table: SampleTable, labels: Sequence[Any], ids: np.ndarray) -> np.ndarray:
+    """The index labels of global samples ``ids`` of mixed datasets (each its own labels)."""
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    source = table.source_of(ids)
+    starts = table.source_starts if table.source_starts is not None else np.zeros(1, dtype=np.int64)
+    for k in np.unique(source).tolist():
+        m = source == k
+        out[m] = np.asarray(labels[k][ids[m] - starts[k]], dtype=np.int64)
+    return out
 
 
 def _first_line(text: str) -> str:

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from fastfeed.formats.tar_reader import first_member_name
 from fastfeed.packed.index import DatasetIndex, join
 from fastfeed.storage.remote import filesystem, is_url, read_bytes
 
-__all__ = ["DALI_IMAGE_EXTENSIONS", "SampleTable", "parse_dali_index", "sample_table"]
+__all__ = ["DALI_IMAGE_EXTENSIONS", "SampleTable", "concat_tables", "parse_dali_index", "sample_table"]
 
 #: Image extensions DALI's decoders read, most common first: when a sample holds
 #: several, the first one in this order is decoded.
@@ -115,6 +115,9 @@ class SampleTable:
         shard_starts: int64 (S + 1,) global number of each shard's first sample.
         key_text: the sample keys, concatenated (one string: a batch's keys are slices).
         key_starts: int64 (N + 1,) where each key starts in ``key_text``.
+        source_starts: int64 (K + 1,) global number of each dataset's first sample: a
+            table of K mixed datasets (:func:`concat_tables`) numbers them one after the
+            other, dataset ``k``'s sample ``i`` is global sample ``source_starts[k] + i``.
     """
 
     offsets: np.ndarray
@@ -126,6 +129,20 @@ class SampleTable:
     shard_starts: np.ndarray = field(repr=False)
     key_text: str = field(repr=False)
     key_starts: np.ndarray = field(repr=False)
+    source_starts: np.ndarray | None = field(default=None, repr=False)
+
+    def global_ids(self, ids: np.ndarray, source: np.ndarray) -> np.ndarray:
+        """Global sample numbers of dataset ``source[j]``'s sample ``ids[j]``."""
+        if self.source_starts is None:
+            return np.asarray(ids, dtype=np.int64)
+        return self.source_starts[np.asarray(source, dtype=np.int64)] + ids
+
+    def source_of(self, ids: np.ndarray) -> np.ndarray:
+        """The dataset of each global sample number (int64)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.source_starts is None:
+            return np.zeros(ids.shape[0], dtype=np.int64)
+        return (np.searchsorted(self.source_starts, ids, side="right") - 1).astype(np.int64)
 
     @property
     def image_field(self) -> str:
@@ -247,6 +264,53 @@ def sample_table(index: DatasetIndex, image_field: str | None = None,
     np.cumsum([len(k) for k in keys], out=key_starts[1:])
     return SampleTable(offsets, sizes, image_ext, tuple(cols.exts), cols.offsets, cols.sizes,
                        starts, "".join(keys), key_starts)
+
+
+def concat_tables(tables: Sequence[SampleTable]) -> SampleTable:
+    """One table over several datasets' samples, numbered one dataset after the other.
+
+    Shards are numbered the same way (dataset 0's first, ...: what
+    :class:`~fastfeed.loading.dali.feed.ShardMaps` over the same datasets maps), field
+    names are the union (a field a dataset lacks is missing, offset -1, on its samples),
+    and :attr:`SampleTable.source_starts` says where each dataset begins. One table is
+    returned as it is.
+
+    Example:
+        >>> a = SampleTable(np.array([5]), np.array([3]), np.array([0], np.int16), ("jpg",),
+        ...                 {"jpg": np.array([5])}, {"jpg": np.array([3])}, np.array([0, 1]), "a", np.array([0, 1]))
+        >>> b = SampleTable(np.array([7, 9]), np.array([1, 1]), np.array([1, 1], np.int16), ("cls", "png"),
+        ...                 {"cls": np.array([2, 4]), "png": np.array([7, 9])}, {"cls": np.array([1, 1]),
+        ...                 "png": np.array([1, 1])}, np.array([0, 2]), "b0b1", np.array([0, 2, 4]))
+        >>> t = concat_tables([a, b])
+        >>> t.exts, t.image_ext.tolist(), t.keys(np.array([0, 2])), t.shard_starts.tolist()
+        (('jpg', 'cls', 'png'), [0, 2, 2], ['a', 'b1'], [0, 1, 3])
+        >>> t.global_ids(np.array([1, 0]), np.array([1, 0])).tolist(), t.source_of(np.array([0, 1, 2])).tolist()
+        ([2, 0], [0, 1, 1])
+    """
+    if len(tables) == 1:
+        return tables[0]
+    exts: list[str] = []
+    for t in tables:
+        exts += [e for e in t.exts if e not in exts]
+    sizes = [int(t.offsets.shape[0]) for t in tables]
+    source_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    image_ext = []
+    for t in tables:
+        remap = np.array([exts.index(e) for e in t.exts] + [-1], dtype=np.int16)  # -1 stays -1
+        image_ext.append(remap[t.image_ext.astype(np.int64)])
+    f_off = {e: np.concatenate([t.field_offsets[e] if e in t.field_offsets else np.full(n, -1, np.int64)
+                                for t, n in zip(tables, sizes)]) for e in exts}
+    f_size = {e: np.concatenate([t.field_sizes[e] if e in t.field_sizes else np.zeros(n, np.int64)
+                                 for t, n in zip(tables, sizes)]) for e in exts}
+    shard_starts, key_starts = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    text_len = 0
+    for t, base in zip(tables, source_starts[:-1].tolist()):
+        shard_starts.append(t.shard_starts[1:] + base)
+        key_starts.append(t.key_starts[1:] + text_len)
+        text_len += len(t.key_text)
+    return SampleTable(np.concatenate([t.offsets for t in tables]), np.concatenate([t.sizes for t in tables]),
+                       np.concatenate(image_ext), tuple(exts), f_off, f_size, np.concatenate(shard_starts),
+                       "".join(t.key_text for t in tables), np.concatenate(key_starts), source_starts)
 
 
 class _HeaderNames:
