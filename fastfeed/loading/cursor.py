@@ -131,7 +131,7 @@ class EpochCursor:
         batch_size, drop_last, pad, rank, world_size: this loader's shape.
         stream: the batches of a ``seq_len`` / ``batch_sampler`` loader, which are not the
             sample plan's (:class:`~fastfeed.loading.state.BatchStream`): it gives the batches
-            per epoch and adds its fields to the state; such a state resumes only at its shape.
+            per epoch (of its rest after an elastic resume) and adds its fields to the state.
     """
 
     def __init__(self, spec: PlanSpec, *, fingerprints: Sequence[str], batch_size: int, drop_last: bool,
@@ -206,7 +206,9 @@ class EpochCursor:
 
     def epoch_batches(self, epoch: int) -> int:
         """Batches of ``epoch`` on this rank (after an elastic resume: of its rest)."""
-        return self.plan(epoch).num_batches if self._stream is None else self._stream.num_batches(epoch)
+        if self._stream is None:
+            return self.plan(epoch).num_batches
+        return self._stream.num_batches(epoch, self._prior if epoch == self._epoch else ())
 
     @property
     def epoch(self) -> int:
@@ -294,7 +296,7 @@ class EpochCursor:
     def _v2_state(self) -> dict[str, Any]:
         s = self.shape
         stages = [[p.world_size, p.batch_size, p.mode, p.batches] for p in self._prior]
-        extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed)
+        extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed, self._prior)
         return {
             **extra,
             "fastfeed_loader": STATE_VERSION,
@@ -318,7 +320,7 @@ class EpochCursor:
         """Continue from ``state`` on the next pass (checked by :func:`check_state`), at this
         loader's shape, whatever the saved one (elastic resume)."""
         if self._stream is not None:
-            prior, resume, legacy = (), self._read_stream_state(state), False
+            (prior, resume), legacy = self._read_stream_state(state), False
         else:
             prior, resume, legacy = self._read_state(state)
         if len(prior) >= MAX_STAGES:
@@ -328,14 +330,13 @@ class EpochCursor:
         self._prior, self._legacy, self._epoch_set = prior, legacy, False
         self._plans.clear()
 
-    def _read_stream_state(self, state: Mapping[str, Any]) -> int:
-        """The first batch of a saved ``seq_len`` / ``batch_sampler`` state (its shape only)."""
+    def _read_stream_state(self, state: Mapping[str, Any]) -> tuple[tuple[Stage, ...], int]:
+        """(earlier stages, first batch at this shape) of a saved ``seq_len`` / ``batch_sampler`` state."""
         stream = self._stream
         if stream is None:
             raise StateError("a sample loader reads its state with _read_state")
         now = self._v2_state() if check_version(state) == 2 else self._v1_state()
-        check_stream_state(state, now, stream, self.shape)
-        return int(state["batches"])
+        return check_stream_state(state, now, stream, self.shape)
 
     def _read_state(self, state: Mapping[str, Any]) -> tuple[tuple[Stage, ...], int, bool]:
         """(earlier stages, first batch at this shape, legacy) of a saved state."""

@@ -10,7 +10,11 @@ guarantee), the stream does not depend on ``num_workers``, and ``dl.state_dict()
 resumes mid-epoch: the loader drives the sampler's plan by epoch itself (calling the
 sampler's own ``set_epoch`` or iterating it is not needed), and its state names the
 sampler, its lengths and settings (:class:`SamplerStream`), so a state fits only a loader
-with the same sampler.
+with the same sampler. Elastic resume: a state saved at ``num_replicas=W`` loads into a
+loader whose sampler (same lengths and settings) has ``num_replicas=W'``; the rest of the
+epoch is the sampler's own re-plan of the steps the old ranks had not run
+(:mod:`fastfeed.sampling.resize`: every unconsumed sample as often as the old plan held it,
+equal steps on the new ranks), and later epochs are a fresh plan at ``W'``.
 
 Example:
     >>> s = DistributedTokenBudgetSampler("/data/wiki-ff", max_cost=16384)   # doctest: +SKIP
@@ -32,7 +36,7 @@ from fastfeed.loading.dataset import ShardBatches
 from fastfeed.loading.elastic import Stage
 from fastfeed.loading.planner import Batch
 
-__all__ = ["SamplerBatches", "SamplerPlan", "SamplerStream", "check_sampler_fits"]
+__all__ = ["SamplerBatches", "SamplerPlan", "SamplerStream", "check_sampler_fits", "sampler_plan", "sampler_stages"]
 
 _PLANS_KEPT = 3
 
@@ -53,9 +57,15 @@ class SamplerPlan:
         return Batch(ids, np.zeros(ids.size, dtype=np.int64), np.ones(ids.size, dtype=bool))
 
 
-def sampler_plan(sampler: Any, epoch: int) -> SamplerPlan:
-    """``sampler``'s batches of ``epoch`` for its rank (its state is left alone)."""
-    flat, offsets = sampler.epoch_plan(epoch).rank_batches(sampler.rank)
+def sampler_stages(stages: tuple[Stage, ...]) -> list[tuple[int, int]]:
+    """The sampler's ``(num_replicas, steps)`` stages of the loader's stages."""
+    return [(s.world_size, s.batches) for s in stages]
+
+
+def sampler_plan(sampler: Any, epoch: int, prior: tuple[Stage, ...] = ()) -> SamplerPlan:
+    """``sampler``'s batches of ``epoch`` for its rank, or of the rest of the epoch after the
+    loader's stages ``prior`` (elastic resume; the sampler's own state is left alone)."""
+    flat, offsets = sampler.epoch_plan(epoch, after=sampler_stages(prior)).rank_batches(sampler.rank)
     return SamplerPlan(flat, offsets)
 
 
@@ -73,7 +83,8 @@ def check_sampler_fits(sampler: Any, num_samples: int, where: str) -> None:
 
 class SamplerStream:
     """The cursor's view of a ``batch_sampler`` loader (a :class:`~fastfeed.loading.cursor.BatchStream`):
-    the sampler's steps per epoch, and its identity in the state."""
+    the sampler's steps per epoch (or of its rest after stages at other world sizes), and
+    its identity in the state."""
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
@@ -81,22 +92,31 @@ class SamplerStream:
         ident = {k: s[k] for k in ("sampler", "num_samples", "lengths_digest", "config")}
         digest = hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=6).hexdigest()
         self.ident = f"{s['sampler']}:{digest}"
-        self._counts: dict[int, int] = {}
+        self._counts: dict[tuple[int, tuple[Stage, ...]], int] = {}
 
-    def num_batches(self, epoch: int) -> int:
-        if epoch not in self._counts:
+    def num_batches(self, epoch: int, prior: tuple[Stage, ...] = ()) -> int:
+        key = (epoch, prior)
+        if key not in self._counts:
             if len(self._counts) >= _PLANS_KEPT:
-                self._counts.pop(min(self._counts))
-            self._counts[epoch] = sampler_plan(self.sampler, epoch).num_batches
-        return self._counts[epoch]
+                self._counts.pop(next(iter(self._counts)))
+            self._counts[key] = sampler_plan(self.sampler, epoch, prior).num_batches
+        return self._counts[key]
 
-    def state(self, epoch: int, batches: int) -> dict[str, Any]:
+    def state(self, epoch: int, batches: int, prior: tuple[Stage, ...] = ()) -> dict[str, Any]:
         return {"sampler": self.ident}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         if state.get("sampler") != self.ident:
             raise StateError(f"loader state saved with batch_sampler {state.get('sampler')!r}, now {self.ident!r}; "
                              "resume with the same sampler (class, lengths, max_cost/batch_size, jitter, cost)")
+
+    def check_stages(self, epoch: int, stages: tuple[Stage, ...]) -> None:
+        for i, st in enumerate(stages):
+            after = sampler_stages(stages[:i])
+            n = self.sampler.epoch_plan(epoch, after=after, world_size=st.world_size).num_steps
+            if st.batches > n:
+                raise StateError(f"loader state: stage {i} ({st.world_size} ranks) consumed {st.batches} steps of "
+                                 f"the sampler's {n}; pass the dict from Loader.state_dict()")
 
 
 class SamplerBatches(ShardBatches):
@@ -107,7 +127,7 @@ class SamplerBatches(ShardBatches):
         super().__init__(*args, **kwargs)
         self.sampler = sampler
         self.stream = SamplerStream(sampler)
-        self._plans: dict[int, SamplerPlan] = {}
+        self._plans: dict[tuple[int, tuple[Stage, ...]], SamplerPlan] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -119,9 +139,10 @@ class SamplerBatches(ShardBatches):
 
     def plan(self, epoch: int, prior: tuple[Stage, ...] = (),  # type: ignore[override]
              legacy: bool = False) -> SamplerPlan:
-        """This rank's steps of ``epoch`` (the last few are kept; no elastic stages)."""
-        if epoch not in self._plans:
+        """This rank's steps of ``epoch``, or of its rest after the stages ``prior`` (the last few kept)."""
+        key = (epoch, prior)
+        if key not in self._plans:
             if len(self._plans) >= _PLANS_KEPT:
-                self._plans.pop(min(self._plans))
-            self._plans[epoch] = sampler_plan(self.sampler, epoch)
-        return self._plans[epoch]
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = sampler_plan(self.sampler, epoch, prior)
+        return self._plans[key]

@@ -10,8 +10,8 @@ Version 2 (``{"fastfeed_loader": 2, ...}``)::
                             what the order depends on: must match (MUST_MATCH)
 
 A state resumes at any world size, batch size, ``drop_last``/``pad`` and ``num_workers``
-(elastic resume); a state of other data or another order is refused with every field
-that differs. Version 1 (no ``stages``) described one whole dataset at one shape. It is
+(elastic resume), a ``seq_len`` / ``batch_sampler`` loader's too (:class:`BatchStream`);
+a state of other data or another order is refused with every field that differs. Version 1 (no ``stages``) described one whole dataset at one shape. It is
 read as the one-stage state it is where the planner's order equals the old one (no
 padding in the epoch, or the epoch not begun or finished); otherwise (mid-epoch, with
 padding) the rest of that epoch is planned the old way
@@ -124,18 +124,23 @@ def _show(v: Any) -> str:
 
 class BatchStream(Protocol):
     """A loader whose batches are not the sample plan's (``seq_len``, ``batch_sampler``):
-    how many batches an epoch has, and what its state adds (see :mod:`fastfeed.loading.tokens`,
-    :mod:`fastfeed.loading.sampled`). The cursor's epochs, passes and batch counts are unchanged;
-    its state is the version-2 layout plus the stream's fields, resumed only at its shape."""
+    how many batches an epoch (or its rest after earlier stages) has, and what its state
+    adds (see :mod:`fastfeed.loading.tokens`, :mod:`fastfeed.loading.sampled`). The
+    cursor's epochs, passes, batch counts and stages are unchanged: a state saved at
+    another world size or batch size continues the epoch, each stream re-planning its
+    rest from the stages (a token offset; a sampler's rest of the epoch)."""
 
-    def num_batches(self, epoch: int) -> int:
-        """Batches of ``epoch`` on this rank (the same on every rank)."""
+    def num_batches(self, epoch: int, prior: tuple[Stage, ...] = ()) -> int:
+        """Batches of ``epoch`` on this rank (the same on every rank), after the stages ``prior``."""
 
-    def state(self, epoch: int, batches: int) -> dict[str, Any]:
-        """The fields it adds to the state after ``batches`` batches of ``epoch``."""
+    def state(self, epoch: int, batches: int, prior: tuple[Stage, ...] = ()) -> dict[str, Any]:
+        """The fields it adds to the state after ``prior`` and ``batches`` batches of ``epoch``."""
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Raise :class:`~fastfeed.errors.StateError` if ``state`` was saved by another stream."""
+
+    def check_stages(self, epoch: int, stages: tuple[Stage, ...]) -> None:
+        """Raise :class:`~fastfeed.errors.StateError` if a stage consumed more batches than it had."""
 
 
 def check_stream_keys(state: Any, now: Mapping[str, Any]) -> None:
@@ -156,28 +161,28 @@ def check_stream_keys(state: Any, now: Mapping[str, Any]) -> None:
 
 
 def check_stream_state(state: Mapping[str, Any], now: Mapping[str, Any], stream: BatchStream,
-                       shape: Stage) -> None:
-    """Validate a state (version 1 or 2) for a ``seq_len`` / ``batch_sampler`` loader of ``shape``.
+                       shape: Stage) -> tuple[tuple[Stage, ...], int]:
+    """Validate a state (version 1 or 2) for a ``seq_len`` / ``batch_sampler`` loader of ``shape``;
+    return the stages of its epoch before this shape and the first batch at this shape.
 
-    Its rows or steps depend on the world size and batch size, so it resumes only at the
-    shape it was saved at (no elastic resume).
+    A version-2 state resumes at any shape (elastic resume: the stream re-plans the rest
+    of the epoch after the saved stages); a version-1 state only at the shape it names.
 
     Raises:
-        StateError: another stream, order or shape, or more batches than the epoch has.
+        StateError: another stream or order, a version-1 state of another shape, or a
+            stage with more batches than it had.
     """
     stream.check_state(state)  # its own differences first: they explain the others
     check_stream_keys(state, now)
     version = check_version(state)
     check_fields(state, now, MUST_MATCH if version == 2 else MUST_MATCH_V1)
-    saved = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]}).stages \
+    stages = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]}).stages \
         if version == 2 else (v1_stage(state),)
-    if len(saved) != 1 or not saved[0].same_shape(shape) or saved[0].batches != state["batches"]:
-        first = saved[0]
-        raise StateError(
-            f"loader state saved by a seq_len= / batch_sampler= loader at world_size={first.world_size}, "
-            f"batch_size={first.batch_size}, mode {first.mode!r}; it resumes only at that shape (now "
-            f"world_size={shape.world_size}, batch_size={shape.batch_size}, mode {shape.mode!r}): its rows or "
-            "steps depend on it. Resume at the saved shape, or start the epoch afresh (no load_state_dict)")
-    n = stream.num_batches(state["epoch"])
-    if state["batches"] > n:
-        raise StateError(f"loader state: batches={state['batches']} but an epoch of this loader has only {n}")
+    if stages[-1].batches != state["batches"]:
+        raise StateError(f"loader state: batches={state['batches']} but its last stage says "
+                         f"{stages[-1].batches}; pass the dict from Loader.state_dict()")
+    stream.check_stages(state["epoch"], stages)
+    last = stages[-1]
+    if last.same_shape(shape):
+        return stages[:-1], last.batches
+    return stages, 0

@@ -15,7 +15,11 @@ Guarantees, from the plan: every rank has the same number of steps; with
 and steps (the last window padded), with ``drop_last=True`` only full windows are; batch
 ``b`` is built by worker ``(b - start) % num_workers`` and depends on nothing but the plan,
 so the stream does not depend on ``num_workers``. The resume state adds two integers
-(:class:`TokenStream`): ``seq_len`` and ``tokens``, the stream offset consumed.
+(:class:`TokenStream`): ``seq_len`` and ``tokens``, the stream offset consumed. It
+resumes at any world size and batch size (elastic resume): the consumed tokens are a
+prefix of the epoch's stream, so the rest is the stream from that offset, cut into rows
+at the new shape (every not-yet-delivered token once, with ``drop_last=False``); later
+epochs are a fresh run's at the new shape.
 
 Without ``seq_len``, :func:`padding_of` gives the decoders their
 :class:`~fastfeed.decode.collate.Padding` and the tokens field, delivered as a padded
@@ -41,6 +45,7 @@ from fastfeed.decode.collate import Padding
 from fastfeed.decode.fields import decode_field
 from fastfeed.errors import ConfigError, SampleError, StateError
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY
+from fastfeed.loading.elastic import ElasticState, Stage
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.plan import epoch_order, worker_batches
 from fastfeed.loading.position import Position, SharedPosition
@@ -100,40 +105,74 @@ def _checked_lengths(index: DatasetIndex, field: str | None) -> np.ndarray:
 
 class TokenStream:
     """The cursor's view of a ``seq_len`` loader (a :class:`~fastfeed.loading.cursor.BatchStream`):
-    a constant number of batches per epoch, and the token offset in the state.
+    the batches of an epoch or of its rest, and the token offset in the state.
+
+    Elastic resume: the consumed tokens of an epoch are always a prefix of its token
+    stream (which depends on the seed and epoch, not on the world shape), so after stages
+    ``prior`` (world size, rows, mode, steps each) the offset is
+    ``sum(steps * world_size * rows * seq_len)`` (capped at the stream's end) and the rest
+    of the epoch is the stream from there, cut at the current shape.
 
     Example:
         >>> s = TokenStream(total_tokens=100, batch_size=2, seq_len=8, world_size=2, drop_last=False)
         >>> s.num_batches(0), s.state(0, 2)
         (4, {'seq_len': 8, 'tokens': 64})
+        >>> s.num_batches(0, (Stage(1, 1, "pad", 5),)), s.state(0, 1, (Stage(1, 1, "pad", 5),))
+        (2, {'seq_len': 8, 'tokens': 72})
     """
 
     def __init__(self, *, total_tokens: int, batch_size: int, seq_len: int, world_size: int,
                  drop_last: bool) -> None:
         self.total, self.seq_len = int(total_tokens), int(seq_len)
+        self.stage = Stage(int(world_size), int(batch_size), "drop" if drop_last else "pad")
         self.window = world_size * batch_size * seq_len
-        self._batches = self.total // self.window if drop_last else -(-self.total // self.window)
+        self._batches = self._count(self.total, self.stage)
 
-    def num_batches(self, epoch: int) -> int:
-        return self._batches
+    def _count(self, left: int, stage: Stage) -> int:
+        window = stage.world_size * stage.batch_size * self.seq_len
+        return left // window if stage.mode == "drop" else -(-left // window)
 
-    def offset(self, batches: int) -> int:
-        """The stream offset consumed after ``batches`` steps on every rank."""
-        return min(self.total, batches * self.window)
+    def num_batches(self, epoch: int, prior: tuple[Stage, ...] = ()) -> int:
+        if not prior:
+            return self._batches
+        return self._count(self.total - self.start(prior), self.stage)
 
-    def state(self, epoch: int, batches: int) -> dict[str, Any]:
-        return {"seq_len": self.seq_len, "tokens": self.offset(batches)}
+    def start(self, prior: tuple[Stage, ...]) -> int:
+        """The stream offset the stages ``prior`` consumed (the rest of the epoch starts there)."""
+        offset = 0
+        for st in prior:
+            offset = min(self.total, offset + st.batches * st.world_size * st.batch_size * self.seq_len)
+        return offset
+
+    def offset(self, batches: int, prior: tuple[Stage, ...] = ()) -> int:
+        """The stream offset consumed after ``prior`` and ``batches`` steps on every rank."""
+        return min(self.total, self.start(prior) + batches * self.window)
+
+    def state(self, epoch: int, batches: int, prior: tuple[Stage, ...] = ()) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "tokens": self.offset(batches, prior)}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         if state.get("seq_len") != self.seq_len:
             raise StateError(f"loader state saved with seq_len={state.get('seq_len')!r}, now {self.seq_len}; "
                              "resume with the same seq_len (the rows depend on it)")
         batches, world, rows = state.get("batches"), state.get("world_size"), state.get("batch_size")
-        if all(isinstance(v, int) for v in (batches, world, rows)):  # at the state's own shape
+        if "stages" in state:
+            stages = ElasticState.from_dict({"epoch": state.get("epoch"), "stages": state["stages"]}).stages
+            expected = self.start(stages)
+        elif all(isinstance(v, int) for v in (batches, world, rows)):  # version 1: at the state's own shape
             expected = min(self.total, batches * world * rows * self.seq_len)
-            if state.get("tokens") != expected:
-                raise StateError(f"loader state: tokens={state.get('tokens')!r} does not match batches={batches} "
-                                 f"(expected {expected}); pass the dict from Loader.state_dict()")
+        else:
+            return
+        if state.get("tokens") != expected:
+            raise StateError(f"loader state: tokens={state.get('tokens')!r} does not match its stages "
+                             f"(expected {expected}); pass the dict from Loader.state_dict()")
+
+    def check_stages(self, epoch: int, stages: tuple[Stage, ...]) -> None:
+        for i, st in enumerate(stages):
+            n = self._count(self.total - self.start(stages[:i]), st)
+            if st.batches > n:
+                raise StateError(f"loader state: stage {i} ({st.world_size} ranks, {st.batch_size} rows, {st.mode}) "
+                                 f"consumed {st.batches} batches of {n}; pass the dict from Loader.state_dict()")
 
 
 class TokenBatches(IterableDataset):
@@ -156,7 +195,7 @@ class TokenBatches(IterableDataset):
         self.pool = None  # token batches are fresh arrays; no buffer pool
         self._position = SharedPosition()
         self._plan: SeqPackPlan | None = None
-        self._plan_epoch = -1
+        self._plan_key: tuple[int, tuple[Stage, ...]] | None = None
 
     @classmethod
     def from_options(cls, source: ShardSource, o: LoaderOptions) -> "TokenBatches":
@@ -180,20 +219,22 @@ class TokenBatches(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_plan"], state["_plan_epoch"] = None, -1  # workers compute their own
+        state["_plan"], state["_plan_key"] = None, None  # workers compute their own
         return state
 
     def set_position(self, pos: Position) -> None:
         """Make the next pass run ``pos.epoch`` starting at batch ``pos.start`` (all workers)."""
         self._position.set(pos)
 
-    def plan(self, epoch: int) -> SeqPackPlan:
-        """This rank's packing plan for ``epoch`` (cached for the last epoch asked)."""
-        if self._plan is None or self._plan_epoch != epoch:
+    def plan(self, epoch: int, prior: tuple[Stage, ...] = ()) -> SeqPackPlan:
+        """This rank's packing plan for ``epoch``, or for its rest after the stages ``prior``
+        (an elastic resume: the stream from :meth:`TokenStream.start`); cached for the last asked."""
+        if self._plan is None or self._plan_key != (epoch, prior):
             order = epoch_order(self.source.index.shard_counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
             self._plan = plan_seqpack(order, self.lengths[order], batch_size=self.batch_size, seq_len=self.seq_len,
-                                      world_size=self.world_size, rank=self.rank, drop_last=self.drop_last)
-            self._plan_epoch = epoch
+                                      world_size=self.world_size, rank=self.rank, drop_last=self.drop_last,
+                                      start_token=self.stream.start(prior))
+            self._plan_key = (epoch, prior)
         return self._plan
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -201,7 +242,7 @@ class TokenBatches(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
         pos = self._position.get()
         epoch, start = pos.epoch, pos.start
-        plan = self.plan(epoch)
+        plan = self.plan(epoch, pos.prior)
         mine = worker_batches(plan.num_batches, start=start, num_workers=workers, worker=worker)
         for i, b in enumerate(mine):
             if i + 1 < len(mine):  # the next batch's reads start while this one is assembled

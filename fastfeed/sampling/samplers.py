@@ -237,9 +237,12 @@ class _LengthSampler:
     def _resized_plan(self) -> Plan:
         """The rest of the current epoch after the stages it ran at other world sizes
         (:func:`fastfeed.sampling.resize.plan_after`)."""
+        return self._plan_after(self.epoch, self._stages, self.num_replicas)
+
+    def _plan_after(self, epoch: int, stages: Sequence[tuple[int, int]], world_size: int) -> Plan:
         def plan_at(ids: np.ndarray | None, world: int, stage: int) -> Plan:
-            return self._plan_over(ids, epoch=self.epoch, world_size=world, seed=stage_seed(self.seed, stage))
-        return plan_after(plan_at, self._stages, world_size=self.num_replicas)
+            return self._plan_over(ids, epoch=epoch, world_size=world, seed=stage_seed(self.seed, stage))
+        return plan_after(plan_at, stages, world_size=world_size)
 
     @property
     def jitter(self) -> float:
@@ -294,9 +297,30 @@ class _LengthSampler:
                               "tried": [{"jitter": j, "repeat": r, "padding": p} for j, r, p in tried]}
         return pick[0]
 
-    def epoch_plan(self, epoch: int | None = None) -> Plan:
-        """The global plan (all ranks) of ``epoch`` (default: the current one), for reports."""
-        return self._plan(self.epoch if epoch is None else int(epoch))
+    def epoch_plan(self, epoch: int | None = None, *, after: Sequence[tuple[int, int]] = (),
+                   world_size: int | None = None) -> Plan:
+        """The global plan (all ranks) of ``epoch`` (default: the current one), for reports
+        and for loaders that drive the sampler (``loader(batch_sampler=)``).
+
+        Args:
+            epoch: the epoch (default: the current one).
+            after: ``(num_replicas, steps)`` of the stages this epoch already ran: the plan is
+                then the rest of the epoch (elastic resume, :mod:`fastfeed.sampling.resize`).
+            world_size: plan for this many ranks (default: ``num_replicas``).
+
+        Example:
+            >>> s = DistributedLengthBucketSampler(list(range(1, 41)), batch_size=2, num_replicas=4, rank=0)
+            >>> rest = s.epoch_plan(0, after=[(4, 2)], world_size=2)
+            >>> s.epoch_plan(0).num_steps, rest.num_steps, rest.world_size
+            (5, 6, 2)
+        """
+        e = self.epoch if epoch is None else int(epoch)
+        world = self.num_replicas if world_size is None else int(world_size)
+        if after:
+            return self._plan_after(e, tuple((int(w), int(t)) for w, t in after), world)
+        if world == self.num_replicas:
+            return self._plan(e)
+        return self._plan_over(None, epoch=e, world_size=world, seed=self.seed)
 
     def _rank_plan(self) -> tuple[np.ndarray, np.ndarray]:
         key = (self.epoch, self._stages)
