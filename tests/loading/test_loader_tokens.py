@@ -142,18 +142,39 @@ def test_seq_len_resume_mid_epoch_in_a_fresh_loader(tokens: Path, workers_before
         fastfeed.loader(tokens, batch_size=2, num_workers=0, rank=1, world_size=2, seed=1).load_state_dict(state)
 
 
-def test_seq_len_state_is_v2_and_resumes_only_at_its_shape(tokens: Path) -> None:
-    kw: dict[str, Any] = {"batch_size": 2, "seq_len": 24, "seed": 1, "num_workers": 0}
-    dl = fastfeed.loader(tokens, rank=0, world_size=2, **kw)
-    it = iter(dl)
-    next(it), next(it)
-    state = dl.state_dict()
+def test_seq_len_state_is_v2_and_resumes_elastically(tokens: Path) -> None:
+    """2 ranks x 2 rows stop after 2 steps; 1 rank x 3 rows continues the epoch with exactly
+    the tokens not yet delivered; the next epoch is a fresh run's at the new shape."""
+    kw: dict[str, Any] = {"seq_len": 24, "seed": 1, "num_workers": 0}
+    old = [fastfeed.loader(tokens, rank=r, world_size=2, batch_size=2, **kw) for r in range(2)]
+    head = []
+    for dl in old:
+        it = iter(dl)
+        head += [next(it), next(it)]
+    state = json.loads(json.dumps(old[0].state_dict()))
     assert state["fastfeed_loader"] == 2 and state["stages"] == [[2, 2, "pad", 2]] and state["tokens"] == 2 * 2 * 2 * 24
-    with pytest.raises(StateError, match=r"resumes only at that shape \(now world_size=1"):
-        fastfeed.loader(tokens, rank=0, world_size=1, **kw).load_state_dict(state)
-    twin = type(dl)(**recreate_kwargs(dl))  # Lightning's re-created loader: same stream, fresh position
-    assert len(twin) == len(dl) and twin.epoch == 0
-    assert torch.equal(next(iter(twin))["input_ids"], list(fastfeed.loader(tokens, rank=0, world_size=2, **kw))[0]["input_ids"])
+    new = fastfeed.loader(tokens, rank=0, world_size=1, batch_size=3, **kw)
+    new.load_state_dict(state)
+    rest = list(new)
+    assert len(rest) == -(-(TOTAL - state["tokens"]) // (3 * 24)) and new.epoch == 0
+    seen = Counter(_tokens_of(head) + _tokens_of(rest))
+    assert max(seen.values()) == 1 and set(seen) == {(i, p) for i in range(N_DOCS) for p in range(doc_length(i))}
+    after = new.state_dict()
+    assert after["stages"] == [[2, 2, "pad", 2], [1, 3, "pad", len(rest)]] and after["tokens"] == TOTAL
+    again = fastfeed.loader(tokens, rank=0, world_size=1, batch_size=3, **kw)  # a state saved after the resize
+    again.load_state_dict(after)
+    fresh = fastfeed.loader(tokens, rank=0, world_size=1, batch_size=3, **kw)
+    fresh.set_epoch(1)
+    nxt, ref = list(again), list(fresh)
+    assert again.epoch == 1 and len(nxt) == len(ref) == len(fresh)  # the next epoch: a fresh run's
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(nxt, ref))
+    with pytest.raises(StateError, match="tokens=5 does not match its stages"):
+        new.load_state_dict({**state, "tokens": 5})
+    with pytest.raises(StateError, match=r"stage 0 \(2 ranks, 2 rows, pad\) consumed 99 batches"):
+        new.load_state_dict({**state, "batches": 99, "stages": [[2, 2, "pad", 99]], "tokens": TOTAL})
+    twin = type(old[0])(**recreate_kwargs(old[0]))  # Lightning's re-created loader: same stream, fresh position
+    assert len(twin) == len(old[0]) and twin.epoch == 0
+    assert torch.equal(next(iter(twin))["input_ids"], head[0]["input_ids"])
 
 
 def test_seq_len_and_batch_sampler_read_one_whole_dataset(tokens: Path) -> None:
@@ -293,6 +314,37 @@ def test_batch_sampler_resume_through_state_dict(tokens: Path) -> None:
         fastfeed.loader(tokens, batch_sampler=other, num_workers=0).load_state_dict(state)
 
 
+@pytest.mark.parametrize("kind", ["budget", "bucket"])
+def test_batch_sampler_resumes_at_another_world_size(tokens: Path, kind: str) -> None:
+    """A state saved by 2 ranks loads into loaders whose samplers have 3 ranks: the epoch
+    continues with the samples the old ranks had not run, equal steps on the new ranks;
+    the next epoch is the samplers' fresh plan at 3 ranks."""
+    old = [fastfeed.loader(tokens, batch_sampler=s, num_workers=0) for s in _samplers(tokens, 2, kind)]
+    head: list[str] = []
+    for dl in old:
+        dl.set_epoch(1)
+        it = iter(dl)
+        head += [k for _ in range(3) for k in next(it)["__key__"]]
+    state = json.loads(json.dumps(old[1].state_dict()))
+    whole = Counter()
+    for s in _samplers(tokens, 2, kind):
+        s.set_epoch(1)
+        whole.update(f"s{i:05d}" for b in s for i in b)
+    new = [fastfeed.loader(tokens, batch_sampler=s, num_workers=w)
+           for s, w in zip(_samplers(tokens, 3, kind), (0, 1, 0))]
+    rests = []
+    for dl in new:
+        dl.load_state_dict(state)
+        rests.append(list(dl))
+        assert [st[0] for st in dl.state_dict()["stages"]] == [2, 3] and dl.epoch == 1
+    assert len({len(r) for r in rests}) == 1
+    got = Counter(head) + Counter(k for r in rests for b in r for k in b["__key__"])
+    assert not whole - got and sum((got - whole).values()) <= 3 - 1  # the new size's remainder: <= W' - 1 repeats
+    fresh = _samplers(tokens, 3, kind)[0]
+    fresh.set_epoch(2)
+    assert [sorted(b["__key__"]) for b in new[0]] == [sorted(f"s{i:05d}" for i in b) for b in fresh]
+
+
 def test_batch_sampler_over_images_reuses_buffers(tmp_path: Path) -> None:
     root = tmp_path / "img"
     write_dataset(root, shard_counts=(7, 7, 7, 4), fields=image_fields)
@@ -359,6 +411,54 @@ def test_two_gloo_ranks_seq_len_equal_steps(tokens: Path, tmp_path: Path) -> Non
     assert results[0]["steps"] == results[1]["steps"] == results[0]["len"] == -(-TOTAL // (2 * 2 * 40))
     delivered = Counter(t for r in results for t in r["tokens"])
     assert max(delivered.values()) == 1 and sum(delivered.values()) == TOTAL
+
+
+def _run_resumed_rank(rank: int, world: int, root: str, out: str, init: str, states: str) -> None:
+    """A rank of a job resized from 1 rank to 2: both loaders continue the saved epoch."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        saved = json.loads(Path(states).read_text())
+        rows = fastfeed.loader(root, batch_size=2, seq_len=40, num_workers=1, seed=2)
+        rows.load_state_dict(saved["rows"])
+        steps, toks = 0, []
+        for b in rows:
+            dist.all_reduce(torch.ones(1))  # a rank with fewer steps would hang here
+            steps += 1
+            toks += [(int(t) // 100, int(p)) for t, p in zip(b["input_ids"][b["valid"]], b["position_ids"][b["valid"]])]
+        sampled = fastfeed.loader(root, batch_sampler=_budget(Path(root), world, rank), num_workers=0)
+        sampled.load_state_dict(saved["sampled"])
+        keys = []
+        for b in sampled:
+            dist.all_reduce(torch.ones(1))
+            keys += b["__key__"]
+        Path(out).write_text(json.dumps({"steps": steps, "len": len(rows), "tokens": toks, "keys": keys,
+                                         "sampled_steps": sampled.stats.steps}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_gloo_elastic_resume_from_one_rank_to_two(tokens: Path, tmp_path: Path) -> None:
+    rows = fastfeed.loader(tokens, batch_size=2, seq_len=40, num_workers=0, seed=2, rank=0, world_size=1)
+    it = iter(rows)
+    head = [next(it) for _ in range(7)]
+    sampled = fastfeed.loader(tokens, batch_sampler=_budget(tokens, 1, 0), num_workers=0)
+    it2 = iter(sampled)
+    head_keys = [k for _ in range(4) for k in next(it2)["__key__"]]
+    states = tmp_path / "states.json"
+    states.write_text(json.dumps({"rows": rows.state_dict(), "sampled": sampled.state_dict()}))
+    init = tmp_path / "init"
+    results = run_ranks(mp.get_context("fork"), _run_resumed_rank,
+                        lambda r, out: (r, 2, str(tokens), out, str(init), str(states)), 2, tmp_path, timeout=180)
+    assert results[0]["steps"] == results[1]["steps"] == -(-(TOTAL - 7 * 2 * 40) // (2 * 2 * 40))
+    delivered = Counter(_tokens_of(head)) + Counter(tuple(t) for r in results for t in r["tokens"])
+    assert max(delivered.values()) == 1 and sum(delivered.values()) == TOTAL  # every token once
+    assert results[0]["sampled_steps"] == results[1]["sampled_steps"]
+    got = Counter(head_keys) + Counter(k for r in results for k in r["keys"])
+    assert set(got) == {f"s{i:05d}" for i in range(N_DOCS)} and sum(got.values()) - N_DOCS <= 1
 
 
 # ---------------------------------------------------------------------- a real BPE tokenizer
