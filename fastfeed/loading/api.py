@@ -247,8 +247,8 @@ def loader(
         seq_len: pack the epoch's documents (a ``tokens`` field) into rows of exactly this
             many tokens: ``input_ids``, ``position_ids``, ``valid``, ``cu_seqlens`` (see
             :mod:`fastfeed.loading.tokens`). One whole dataset only (no ``weights``, ``subset``,
-            ``filter``, ``epoch_samples``, ``pad=False``); its state resumes at its world
-            size and batch size only.
+            ``filter``, ``epoch_samples``, ``pad=False``); its state resumes at any world
+            size and batch size (the rest of the epoch's token stream, re-cut).
         pad_id: the value of padded ``input_ids`` (default: the pad id ``pack --tokenizer``
             stored, else 0). Without ``seq_len``, a tokens field and ragged arrays from a
             ``transform`` come out padded, with an ``attention_mask``
@@ -256,10 +256,13 @@ def loader(
         pad_multiple: round padded lengths up to a multiple of this.
         batch_sampler: a ``DistributedTokenBudgetSampler`` or ``DistributedLengthBucketSampler``
             that decides every batch (:mod:`fastfeed.loading.sampled`); the batch size and
-            the order come from it. One whole dataset only, like ``seq_len``.
+            the order come from it. One whole dataset only, like ``seq_len``; its state
+            resumes with a sampler of another ``num_replicas`` (the sampler's re-plan of
+            the steps not yet run).
         weights: one per dataset of ``path_or_url`` (normalised): each batch's samples
             come from the datasets in these proportions, and ``batch["__source__"]`` (int64)
-            says which dataset each sample is from.
+            says which dataset each sample is from. Every ``decode`` mixes, in the same
+            order (``decode="dali"``: packed tar datasets of images).
         epoch_samples: samples per epoch when mixing (default: the largest-weight dataset
             read once; smaller ones are cycled in complete reshuffled passes).
         subset: sample ids (or a bool mask) to keep; with several datasets, a list with one
@@ -293,8 +296,10 @@ def loader(
     batch size or ``drop_last``/``pad`` (elastic resume): the epoch continues with exactly
     its unconsumed samples dealt to the new ranks, each once; later epochs are a fresh
     run's at the new shape. A state of other data or another order is refused. A
-    ``seq_len`` / ``batch_sampler`` state (the same layout plus their fields) resumes only
-    at its world size and batch size.
+    ``seq_len`` / ``batch_sampler`` state (the same layout plus their fields) resumes
+    elastically too: the rest of the epoch's token stream cut at the new shape (every
+    token not yet delivered, once), or the sampler's re-plan of the steps not yet run at
+    its new ``num_replicas``.
 
     Raises:
         ConfigError: an invalid argument (validated before any data is read), weights that
