@@ -43,8 +43,17 @@ How it works:
 
 A batch is a dict: ``"image"`` (CUDA, ``B x 3 x H x W`` uint8, or float16 normalised by
 ``mean``/``std``), ``"label"`` (CUDA int64, from the index's labels or the ``cls``
-field; absent when there are neither), ``"__key__"`` (list of keys), and every other
-field decoded on the host as a list, as ``decode="cpu"`` gives them. Not available:
+field; absent when there are neither), ``"__key__"`` (list of keys), ``"valid"`` and
+``"__source__"`` (as with ``decode="cpu"``), and every other field decoded on the host as a
+list, as ``decode="cpu"`` gives them.
+
+Mixing: ``fastfeed.loader([a, b], weights=[0.7, 0.3], decode="dali")`` feeds the samples of
+several packed tar datasets of images (each its own DALI index files and memory-mapped
+shards, numbered one after the other, :func:`~fastfeed.loading.dali.table.concat_tables`)
+in the shared mixing plan, so every batch's samples, ``"__source__"`` and labels are those
+of ``decode="cpu"`` for the same seed, epoch and world shape, and resume and elastic resume
+are unchanged. Labels come from every dataset's index or from none; a dataset without
+images DALI decodes is a :class:`~fastfeed.errors.ConfigError` naming it. Not available:
 ``transform`` (a Python function per sample defeats GPU decoding; use ``decode="cpu"``
 for custom transforms, or post-process the CUDA batch) and ``image_size=None`` (DALI
 batches need one size).
