@@ -384,5 +384,10 @@ def test_dali_mixing_needs_image_datasets(packed: Path, tmp_path: Path) -> None:
                        labels=[1] * 6)
     with pytest.raises(ConfigError, match=f"{text}.*no image field DALI decodes.*fields: cls, txt"):
         make([packed, text], "dali", weights=[1, 1])
+    rng = np.random.default_rng(2)
+    unlabelled = tar_dataset(tmp_path / "unlabelled", [(f"u{i}", {"jpg": make_jpeg(rng, (20, 16))}) for i in range(3)],
+                             3)
+    with pytest.raises(ConfigError, match="mixed datasets differ in labels.*decode='dali' batches"):
+        make([packed, unlabelled], "dali", weights=[1, 1])
     with pytest.raises(ConfigError, match="decode='dali' reads packed datasets.*not a list of tars"):
         fastfeed.loader([[str(packed)], str(text)], weights=[1, 1], batch_size=BATCH, image_size=16, **DALI_CPU)
