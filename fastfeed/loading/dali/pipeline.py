@@ -72,7 +72,7 @@ from fastfeed.loading.dali.graph import (
     probe_pipeline,
     split_threads,
 )
-from fastfeed.loading.dali.reuse import PipelineSet, adopt, park, pipeline_key
+from fastfeed.loading.dali.reuse import PipelineSet, adopt, keep_warm, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
@@ -337,6 +337,7 @@ class DaliLoader(Resumable):
             raise
         self._set.pipes, self._set.turn = pipes, 0
         self._set.dynamic = bool(getattr(pipes[0], "exec_dynamic", False))
+        keep_warm(lambda: probe_pipeline(self._dali, o), o.device_id if o.gpu else None)  # later builds: ~0.2 s
         _pipelines_changed()
         _LOADERS.add(self)
 
