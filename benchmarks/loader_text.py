@@ -52,10 +52,14 @@ GOAL = 3.0
 
 
 def real_tokens(batch: dict[str, Any]) -> int:
-    """Non-pad tokens of a batch: ``valid`` of packed rows, else the ``attention_mask``."""
-    if "position_ids" in batch:
-        return int(batch["valid"].sum())
-    return int(batch["attention_mask"].sum())
+    """Non-pad tokens of a batch: ``valid`` of packed rows, else the ``attention_mask``.
+
+    Summed with numpy: ``Tensor.sum`` of a (32, 2000) mask runs on torch's intra-op threads,
+    which on 2 cores spin against the loader's workers (5.7 ms a call, measured; it cut the
+    padded loaders' rates 3-4x).
+    """
+    mask = batch["valid"] if "position_ids" in batch else batch["attention_mask"]
+    return int(mask.numpy().sum())
 
 
 class Counter:
