@@ -66,22 +66,23 @@ import fastfeed  # noqa: E402
 ATTN: dict[str, str] = {"impl": "dense"}
 IMPLS = ("flash", "nested", "flex", "dense")
 
-#: a varlen batch on the device: (cu_seqlens int32, cu_seqlens int64, max length, doc id per token or None)
-Varlen = tuple[torch.Tensor, torch.Tensor, int, "torch.Tensor | None"]
+#: a varlen batch on the device: (cu_seqlens int32, cu_seqlens int64, min and max length, doc id per token or None)
+Varlen = tuple[torch.Tensor, torch.Tensor, int, int, "torch.Tensor | None"]
 
 
 # ----------------------------------------------------------------------------- model
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vl: Varlen) -> torch.Tensor:
     """Attention within each document of packed ``[T, H, D]`` q, k, v (``ATTN["impl"]``)."""
-    cu32, cu64, hi, doc = vl
+    cu32, cu64, lo, hi, doc = vl
     impl = ATTN["impl"]
     if impl == "flash":
         from torch.nn.attention.varlen import varlen_attn
 
         return varlen_attn(q, k, v, cu32, cu32, hi, hi)
     if impl == "nested":
-        q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), cu64, max_seqlen=hi).transpose(1, 2)
-                   for t in (q, k, v))
+        # min/max given: otherwise every layer's SDPA computes them with a host sync
+        q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), cu64, min_seqlen=lo, max_seqlen=hi)
+                   .transpose(1, 2) for t in (q, k, v))
         return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).values()
     if impl == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -159,7 +160,7 @@ class Step:
         doc = None
         if ATTN["impl"] in ("flex", "dense"):
             doc = self.put(torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff()))
-        return self.put(cu.to(torch.int32)), self.put(cu), int(hi), doc
+        return self.put(cu.to(torch.int32)), self.put(cu), int(cu.diff().min()), int(hi), doc
 
     def run(self, ids: torch.Tensor, real_idx: torch.Tensor, key_mask: torch.Tensor | None,
             vl: Varlen | None) -> None:
@@ -309,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--max-len must be <= --seq-len x --rows (the token budget must fit every document)")
 
     device = torch.device(args.device)
+    if device.type == "cpu":  # leave the loader workers their cores: spinning intra-op threads slow both
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - args.workers))
     if device.type == "cuda" and args.sdpa == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)
     dst = build_data(args)
