@@ -326,8 +326,9 @@ class CpuMeter:
       ``depth`` batches are left out too (the queue drains).
     """
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, samples_of: Callable[[Any], int] | None = None) -> None:
         self.depth = max(1, depth)
+        self.samples_of = samples_of  # None: fastfeed.timing.measure.count_samples (images)
         self.epochs: list[_CpuEpoch] = []
 
     def wrap(self, it: Iterable[Any]) -> Iterator[Any]:
@@ -336,6 +337,7 @@ class CpuMeter:
 
         from fastfeed.timing.measure import count_samples
 
+        count = self.samples_of or count_samples
         ep = _CpuEpoch(start=tree_cpu_seconds())
         self.epochs.append(ep)
         procs: list[Any] | None = None
@@ -345,7 +347,7 @@ class CpuMeter:
                 if procs is None:  # the workers are up once the first batch is here
                     me = psutil.Process()
                     procs = [me, *me.children(recursive=True)]
-                ep.marks.append((tree_cpu_seconds(procs), count_samples(batch)))
+                ep.marks.append((tree_cpu_seconds(procs), count(batch)))
                 yield batch
             ep.complete = True
         finally:
@@ -355,7 +357,7 @@ class CpuMeter:
                     stop()
 
     def cpu_per_image(self) -> float | None:
-        """Steady CPU seconds per image, or None when no stretch was steady."""
+        """Steady CPU seconds per image (per what ``samples_of`` counts), or None when no stretch was steady."""
         whole = [e for e in self.epochs[1:] if e.complete and e.marks]
         if whole:
             return sum(e.marks[-1][0] - e.start for e in whole) / sum(n for e in whole for _, n in e.marks)
@@ -372,6 +374,7 @@ class CpuMeter:
 def measure_source(
     make_iter: Callable[[], Iterable[Any]], *, num_workers: int, prefetch_factor: int | None,
     steady_time: float, min_batches: int = 12, max_time: float | None = None,
+    samples_of: Callable[[Any], int] | None = None, consume: Callable[[Any], None] | None = None,
 ) -> tuple[Measurement, float | None]:
     """Steady-state throughput of a loader through :func:`fastfeed.timing.measure.measure`.
 
@@ -379,13 +382,18 @@ def measure_source(
     shorter than the measurement. ``steady_time`` is the steady-state time to measure at
     least; start-up (worker start, JIT compiles) and warm-up come on top, up to
     ``max_time`` in all (default ``4 x steady_time + 180`` s). Memory is sampled.
+    ``samples_of`` counts what a batch holds (default: its samples; the text benchmarks
+    count tokens), ``consume`` sees every batch (as :func:`~fastfeed.timing.measure.measure`).
 
     Returns:
         The measurement and the steady CPU seconds per image (:class:`CpuMeter`).
     """
     pf = prefetch_factor if prefetch_factor is not None else (2 if num_workers else 0)
-    meter = CpuMeter(max(1, num_workers * pf))  # batches in flight
-    m = measure(lambda: meter.wrap(make_iter()), num_workers=num_workers,
+    meter = CpuMeter(max(1, num_workers * pf), samples_of)  # batches in flight
+    extra: dict[str, Any] = {"consume": consume}
+    if samples_of is not None:
+        extra["samples_of"] = samples_of
+    m = measure(lambda: meter.wrap(make_iter()), num_workers=num_workers, **extra,
                 prefetch_factor=prefetch_factor, min_batches=min_batches, min_time=steady_time,
                 max_time=max_time if max_time is not None else 4 * steady_time + 180,
                 sample_memory=True)

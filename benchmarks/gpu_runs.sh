@@ -9,6 +9,8 @@
 #                                         #   shards (~6-7 min; DALI_ARGS="--datasets resized" ~4 min)
 #   bash benchmarks/gpu_runs.sh scaling   # issue 8: image workload on 1 and 2 GPUs
 #   bash benchmarks/gpu_runs.sh tokens    # issues 4/10/8: ddp_tokens on 2 GPUs, token scaling 1 -> 2 (~4.5 min)
+#   bash benchmarks/gpu_runs.sh gputokens # issue 19: one GPU, 12x1024 transformer step on packed seq_len rows
+#                                         #   (varlen attention) vs padded vs token-budget batches (gpu_tokens.py, ~2-3 min)
 #   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores (~7 min)
 #   bash benchmarks/gpu_runs.sh dalivar   # issue 6: DALI decoder options one at a time (dali_variants.py, ~2 min)
 #   bash benchmarks/gpu_runs.sh roi       # issue 3: build fastfeed/_jpegroi there, per-core decode (~1.5 min)
@@ -19,7 +21,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16=${CORES16:-0-15}  # the cores of the 16-core stages (dali, dalivar, tune, roi)
-stage=${1:?stage: dali|dalivar|scaling|tokens|tune|s3|loadercpu|roi}
+stage=${1:?stage: dali|dalivar|scaling|tokens|gputokens|tune|s3|loadercpu|roi}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log"
@@ -60,6 +62,11 @@ tokens)
     python3 benchmarks/scaling.py summary "$OUT/scaltok_1.json" "$OUT/ddp_tokens.json" 2>&1 | tee "$OUT/scaling_tokens.txt"
   fi
   if [ -n "$SMI" ]; then kill "$SMI"; python3 benchmarks/scaling.py clocks "$OUT/tokens_gpu.csv" | tee "$OUT/tokens_gpu.txt"; fi ;;
+gputokens)
+  # issue 19 on GPU 0 (any kind; FASTFEED_NO_DALI=1, no parts to send): builds 30,000 token documents and packs
+  # them under /tmp (~10 s), then packed / padded / budget / budget-varlen, 1.5M real tokens each; GPU_TOKENS_ARGS.
+  CUDA_VISIBLE_DEVICES=${GPU_TOKENS_GPU:-0} python3 benchmarks/gpu_tokens.py --json "$OUT/gpu_tokens.json" \
+      ${GPU_TOKENS_ARGS:-} 2>&1 | tee "$OUT/gpu_tokens.log" | grep -v "^RESULT\|^W1\|UserWarning" ;;
 tune)
   # ~7 min on 16 cores: 24,000 JPEGs generated + packed (~0.5 min), tune (60 s budget, its
   # confirmation included), grid workers 0..24 x prefetch 1,2,4,8 (97 settings, ~4-5 min),
