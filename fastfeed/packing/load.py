@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 from fastfeed.decode import roi
-from fastfeed.errors import BadFileError, SourceError
+from fastfeed.decode.fields import decode_field
+from fastfeed.errors import BadFileError, SampleError, SourceError
 from fastfeed.formats.images import (
     decode_errors,
     jpeg_truncated,
@@ -214,6 +215,9 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
     data = fields[m.field]
     ext = m.field.rpartition(".")[2]
     try:
+        if ext == "npy" and sub is None:  # an array (token ids...): its first dimension
+            arr = decode_field(m.field, data)
+            return int(arr.shape[0]) if arr.ndim else length_of_value(int(arr))
         if sub is not None or ext in ("json", "jsn"):
             value = json.loads(data)
             if sub is not None:
@@ -223,7 +227,7 @@ def _length(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
         if ext in LENGTH_TEXT_EXTS:
             return len(text.split())
         return length_of_value(int(text.strip()))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, SampleError) as e:
         raise Problem(SourceError, where, f"--length {spec_text}: sample {show(spec.key)!r} has no usable "
                        f"length ({type(e).__name__}: {e})",
                        "store a non-negative integer, a text or a list there, or pass --on-error skip") from None

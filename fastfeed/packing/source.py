@@ -185,7 +185,8 @@ def parse_length(spec: str) -> tuple[str, str | None]:
 
 
 def resolve_length_member(members: Iterable[Member], name: str) -> Member | None:
-    """The member ``--length`` reads: the field itself, or the JSONL field of that name."""
+    """The member ``--length`` reads: the field itself, the JSONL field of that name, or the
+    one field whose name without its extension is ``name`` (``tokens`` -> ``tokens.npy``)."""
     ms = list(members)
     for m in ms:
         if m.field == name.lower():
@@ -193,4 +194,5 @@ def resolve_length_member(members: Iterable[Member], name: str) -> Member | None
     for m in ms:
         if m.json_key == name:
             return m
-    return None
+    stems = [m for m in ms if m.field.rpartition(".")[0] == name.lower()]
+    return stems[0] if len(stems) == 1 else None

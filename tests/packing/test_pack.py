@@ -166,6 +166,22 @@ def test_length_from_text_files(tmp_path: Path) -> None:
     assert fastfeed.info(tmp_path / "o2")["lengths"]["max"] == max(len(r["text"]) // 2 for r in rows)
 
 
+def test_length_from_npy_arrays_by_field_or_stem(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = [3, 0, 17, 1, 250]
+    for i, n in enumerate(sizes):
+        buf = io.BytesIO()
+        np.save(buf, np.arange(n, dtype=np.uint16))
+        (src / f"{i:03d}.tokens.npy").write_bytes(buf.getvalue())
+    for j, name in enumerate(("tokens.npy", "tokens")):  # the field, or its name without the extension
+        idx = pack(src, tmp_path / f"o{j}", length=name, shuffle=False)
+        assert idx.lengths.tolist() == sizes
+    (src / "005.tokens.npy").write_bytes(b"\x93NUMPY broken")
+    with pytest.raises(fastfeed.FastfeedError, match="005"):
+        pack(src, tmp_path / "o9", length="tokens", shuffle=False)
+
+
 # ---------------------------------------------------------------- messy images, --max-side
 def test_messy_images_pack_and_verify(tmp_path: Path) -> None:
     write_messy_folder(tmp_path / "src")
