@@ -19,6 +19,21 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Tune results of a test never reach the user's cache, nor one test's another's.
+
+    A fresh ``XDG_CACHE_HOME`` per test (returned), no ``FASTFEED_TUNE_DIR``, and no
+    launcher's ``LOCAL_WORLD_SIZE`` (no GPU count picked up from the environment). A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("isolated_store")``.
+    """
+    cache = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    return cache
+
+
 @pytest.fixture(scope="session")
 def small_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ImageFolder of photo-like JPEGs (3 classes, 60 images, mixed sizes)."""

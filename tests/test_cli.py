@@ -27,6 +27,8 @@ from fastfeed.cli import (
 from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record, stored_record
 from fastfeed.packed.index import DatasetIndex
 
+pytestmark = pytest.mark.usefixtures("isolated_store")  # see tests/conftest.py
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -46,12 +48,6 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_image_folder(root / "train", num_images=60, num_classes=3, size=(96, 72), vary_size=True)
     fastfeed.pack(root / "train", root / "ff")
     return root
-
-
-@pytest.fixture(autouse=True)
-def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
 
 
 # ---------------------------------------------------------------------- conventions

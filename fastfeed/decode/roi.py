@@ -17,6 +17,10 @@ decoded whole by simplejpeg or Pillow. Anything the extension does not take
 (CMYK/YCCK, corrupt or truncated data, which libjpeg reports as a warning) also goes to
 the full decoders, so errors and skips behave exactly as without it.
 
+``FASTFEED_NO_JPEGROI=1`` in the environment (read at each call) makes this process behave
+as if the extension were not built: to compare the paths, or to check what a machine
+without it (a Ray node, a worker) does.
+
 The crop is chosen on the upright image (after EXIF orientation);
 :func:`stored_rect` maps it back to the stored image, whose pixels are then decoded
 and turned upright.
@@ -28,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -35,15 +40,20 @@ from typing import Any
 import numpy as np
 
 __all__ = ["RestartCut", "add_restarts", "available", "built", "cut_restarts", "decode_crop", "header",
-           "scratch_size", "stored_rect"]
+           "scratch_size", "stored_rect", "why_not_built"]
 
 _MODULE: Any = None
 _LOADED = False
 _TURBO: bool | None = None
 
+#: Set (to anything but ``0``) in a process's environment: the extension is treated as not built there.
+NO_EXTENSION_ENV = "FASTFEED_NO_JPEGROI"
+
 
 def _module() -> Any:
     global _MODULE, _LOADED
+    if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
+        return None
     if not _LOADED:
         _LOADED = True
         try:
@@ -55,12 +65,25 @@ def _module() -> Any:
 
 
 def built() -> bool:
-    """True when the ``fastfeed._jpegroi`` extension was built and imports.
+    """True when the ``fastfeed._jpegroi`` extension was built and imports (and
+    ``FASTFEED_NO_JPEGROI`` is not set).
 
     Packing needs it to add restart markers (:func:`add_restarts`); the decoder needs it
     to decode only the region of a plain JPEG (see :func:`available`).
     """
     return _module() is not None
+
+
+def why_not_built() -> str:
+    """Why :func:`built` is False in this process (for messages); ``""`` when it is True.
+
+    Example:
+        >>> why_not_built() in ("", "not built", "FASTFEED_NO_JPEGROI is set")
+        True
+    """
+    if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
+        return f"{NO_EXTENSION_ENV} is set"
+    return "" if built() else "not built"
 
 
 def available() -> bool:
@@ -117,9 +140,12 @@ def add_restarts(data: bytes | memoryview) -> bytes:
 def header(data: bytes | memoryview) -> tuple[int, int, bool] | None:
     """``(height, width, supported)`` of a JPEG; None when libjpeg cannot read the header.
 
-    ``supported`` is False for CMYK/YCCK images (left to the full decoder).
+    ``supported`` is False for CMYK/YCCK images (left to the full decoder). None too when
+    the extension is not loaded (``FASTFEED_NO_JPEGROI`` set since the caller checked).
     """
     m = _module()
+    if m is None:
+        return None
     try:
         h, w, cs = m.header(data)
     except ValueError:
@@ -178,15 +204,18 @@ def decode_crop(data: bytes | memoryview, denom: int, rect: tuple[int, int, int,
         >>> decode_crop(jpeg_bytes, 1, (10, 20, 100, 120), scratch).shape  # doctest: +SKIP
         (100, 120, 3)
     """
+    m = _module()
+    if m is None:  # FASTFEED_NO_JPEGROI set since the caller checked available()
+        return None
     top, left, h, w = rect
     n = h * w * 3
     if scratch is None or scratch.size < n:
         scratch = np.empty(n, np.uint8)
     try:
         if scratch.size < scratch_size(h, w):
-            _module().decode_crop(data, scratch, denom, top, left, h, w)
+            m.decode_crop(data, scratch, denom, top, left, h, w)
             return scratch[:n].reshape(h, w, 3)
-        _, cols, skip = _module().decode_crop(data, scratch, denom, top, left, h, w, True)
+        _, cols, skip = m.decode_crop(data, scratch, denom, top, left, h, w, True)
     except ValueError:
         return None
     return scratch[: h * cols * 3].reshape(h, cols, 3)[:, skip: skip + w]

@@ -4,6 +4,12 @@ Records are keyed by the sample's number inside the shard (``b"%010d"``) and hol
 sample encoded with :func:`encode_sample` (a small length-prefixed framing, never
 pickle), including its ``__key__``.
 
+py-lmdb refuses to open one environment twice in a process (its files are the key, so two
+paths to one file count as one), and remembers the open ones across ``fork``. So every
+reader in a process shares one read-only environment per shard file through
+:func:`open_shared_env` (counted: the last reader to let go closes it), and a forked child
+closes its copies of the parent's environments before it opens its own.
+
 Example:
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "s.lmdb")
@@ -19,11 +25,13 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from typing import Any, Iterator, Mapping
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Mapping
 
 from fastfeed.errors import MissingDependencyError, SampleError, ShardError
 
-__all__ = ["LmdbShardReader", "LmdbShardWriter", "decode_sample", "encode_sample"]
+__all__ = ["LmdbShardReader", "LmdbShardWriter", "decode_sample", "encode_sample", "open_shared_env"]
 
 MAGIC = b"FFS1"
 _MAP_SIZE = 1 << 40
@@ -39,6 +47,97 @@ def _lmdb() -> Any:
             "this environment: pip install lmdb (or reinstall fastfeed)"
         ) from None
     return lmdb
+
+
+class _SharedEnvs:
+    """The read-only environments open in one process: file identity -> [environment, users]."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.envs: dict[tuple[int, int], list[Any]] = {}
+
+
+_shared = _SharedEnvs()
+
+
+def _shared_here() -> _SharedEnvs:
+    """This process's table; in a forked child, a new one after closing the parent's copies.
+
+    py-lmdb keeps the parent's environments in its "already open" set across fork, so the
+    child must close its copies before opening the same files. Shards are opened with
+    ``lock=False`` (no lock file, no reader table): closing the child's copy only unmaps
+    the child's memory and closes the child's descriptors; the parent's stay as they are.
+    The parent's lock is not taken: another parent thread may have held it at the fork.
+    """
+    global _shared
+    table = _shared
+    if table.pid != os.getpid():
+        for env, _ in table.envs.values():
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - the child's copy; nothing of it is needed any more
+                pass
+        table = _shared = _SharedEnvs()
+    return table
+
+
+def open_shared_env(path: str) -> tuple[Any, Callable[[], None]]:
+    """The process's read-only environment of the LMDB file ``path``, and its release.
+
+    Readers of one file in one process (two loaders, a train and an eval loader,
+    ``open_dataset``) share one environment; it closes when the last of them calls its
+    release (each release counts once, however often it is called, and in no other process).
+
+    Raises:
+        ShardError: the file is missing or is not an LMDB shard.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "s.lmdb")
+        >>> w = LmdbShardWriter(p); _ = w.add("k0", {"txt": b"hi"}); _ = w.close()
+        >>> (a, release_a), (b, release_b) = open_shared_env(p), open_shared_env(p)
+        >>> a is b
+        True
+        >>> release_a(); release_b()
+    """
+    lmdb = _lmdb()
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ShardError(f"{path}: shard is missing; restore it or re-run `fastfeed pack`") from None
+    if not os.path.isfile(path):
+        raise ShardError(f"{path}: not a file; an LMDB shard is one file, re-run `fastfeed pack`")
+    key = (st.st_dev, st.st_ino)  # what py-lmdb refuses to open twice: the file, not the path
+    table = _shared_here()
+    with table.lock:
+        entry = table.envs.get(key)
+        if entry is None:
+            try:
+                env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
+                                max_readers=2048)
+            except lmdb.Error as e:
+                raise ShardError(f"{path}: cannot open LMDB shard ({e}); re-run `fastfeed pack`") from None
+            entry = table.envs[key] = [env, 0]
+        entry[1] += 1
+        env = entry[0]
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if done or table.pid != os.getpid():
+            return  # released already, or a forked child's copy (closed by _shared_here)
+        done = True
+        with table.lock:
+            entry = table.envs.get(key)
+            if entry is None or entry[0] is not env:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del table.envs[key]
+                env.close()
+
+    return env, release
 
 
 def record_key(i: int) -> bytes:
@@ -113,27 +212,23 @@ class LmdbShardWriter:
 
 
 class LmdbShardReader:
-    """Read samples of an LMDB shard; reopens itself after a fork."""
+    """Read samples of an LMDB shard; shares the process's environment of the file
+    (:func:`open_shared_env`) and opens its own after a fork."""
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         self.path = str(path)
         self.name = name or self.path
         self._env: Any = None
         self._pid = -1
+        self._release: Any = None
 
     def _open(self) -> Any:
         if self._env is None or self._pid != os.getpid():
-            lmdb = _lmdb()
-            if not os.path.isfile(self.path):
-                raise ShardError(f"{self.path}: shard is missing; restore it or re-run `fastfeed pack`")
-            try:
-                self._env = lmdb.open(
-                    self.path, subdir=False, readonly=True, lock=False, readahead=False,
-                    max_readers=2048,
-                )
-            except lmdb.Error as e:
-                raise ShardError(f"{self.path}: cannot open LMDB shard ({e}); re-run `fastfeed pack`") from None
+            self._env, release = open_shared_env(self.path)
             self._pid = os.getpid()
+            # a reader dropped without close() lets go of the environment too
+            self._release = weakref.finalize(self, release)
+            self._release.atexit = False
         return self._env
 
     def read(self, offset: int, size: int = 0) -> dict:
@@ -159,6 +254,7 @@ class LmdbShardReader:
                 yield decode_sample(v, f"{self.name}[{bytes(k).decode()}]")
 
     def close(self) -> None:
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
+        """Let go of the shared environment (closed when no other reader of this process uses it)."""
+        if self._release is not None:
+            self._release()  # once only; does nothing in a forked child
+        self._env = self._release = None

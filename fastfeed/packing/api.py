@@ -38,7 +38,7 @@ from fastfeed.packing.finish import cleanup, finalize
 from fastfeed.packing.local import Progress, run_local
 from fastfeed.packing.objstore import RemoteDest, finalize_remote, write_shard_remote
 from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan, plan_pack
-from fastfeed.packing.ray_engine import require_ray, run_ray
+from fastfeed.packing.ray_engine import cluster_restarts, connection, require_ray, run_ray
 from fastfeed.packing.source import show
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url, local_path
@@ -167,6 +167,17 @@ def pack(
         raise ConfigError(f"engine={engine!r}: choose local (processes on this machine) or ray (a Ray cluster)")
     if engine == "ray":
         require_ray()  # before planning, which can take long on a large source
+        with connection(ray_address):  # one connection: the nodes' check, then the tasks
+            # every shard with restart markers or none, whichever node writes it: decided before planning
+            options["jpeg_restarts"] = cluster_restarts(options["jpeg_restarts"])
+            return _run_pack(src, dst, engine, None, storage_options, progress, options)
+    return _run_pack(src, dst, engine, ray_address, storage_options, progress, options)
+
+
+def _run_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], engine: str, ray_address: str | None,
+              storage_options: Mapping[str, Any] | None, progress: Progress | None,
+              options: dict[str, Any]) -> DatasetIndex:
+    """:func:`pack` after its options are checked: plan, write with ``engine``, finalize."""
     if is_url(dst):
         return _pack_into_url(src, str(dst), engine=engine, ray_address=ray_address,
                               storage_options=storage_options, progress=progress, **options)

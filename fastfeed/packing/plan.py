@@ -179,7 +179,8 @@ def _shard_size(value: str | int) -> int:
     return size
 
 
-_RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
+#: How to get ``fastfeed._jpegroi`` built (for the messages of every engine).
+RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
                  "apt-get install gcc libturbojpeg0-dev; pip install --force-reinstall --no-deps --no-binary fastfeed "
                  "fastfeed)")
 
@@ -192,11 +193,11 @@ def _jpeg_restarts(asked: bool | None) -> bool:
             return True
         log.warning("pack: JPEGs stored as they are, without restart markers (fastfeed._jpegroi is not built); "
                     "random crops of these shards then decode the whole JPEG, about 1.6x the loader's CPU per "
-                    "image; %s", _RESTARTS_FIX)
+                    "image; %s", RESTARTS_FIX)
         return False
     if asked and not roi.built():
         raise ConfigError(f"jpeg_restarts=True needs fastfeed's C extension fastfeed._jpegroi, which is not built "
-                          f"here: {_RESTARTS_FIX}; or pass jpeg_restarts=False (--no-jpeg-restarts)")
+                          f"here: {RESTARTS_FIX}; or pass jpeg_restarts=False (--no-jpeg-restarts)")
     return bool(asked)
 
 

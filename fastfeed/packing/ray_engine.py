@@ -22,6 +22,14 @@ file with ``on_error="raise"``) are not retried: the first one stops the job, wi
 same message as the local packer. Re-running the same command resumes: complete
 shards are reused after their checksums are checked.
 
+JPEG restart markers (``jpeg_restarts``, on by default where ``fastfeed._jpegroi`` is built)
+need the extension in the process that writes a shard, and a shard without them has other
+bytes. So the driver decides once for every shard, before planning
+(:func:`cluster_restarts`): it asks one worker of every node; when some node lacks the
+extension, the default packs every shard without markers (one warning naming the nodes)
+and ``jpeg_restarts=True`` stops with an error naming them. A task on a node that joins
+later without it fails with a message saying so, rather than writing other bytes.
+
 Progress: the driver reports each finished shard to ``progress`` (the local engine's
 ``(files_done, files_total, bytes_done, bytes_total)`` callback; if the callback also
 has a ``shards_done(done, total)`` method, that is called too) and logs shards done,
@@ -40,10 +48,12 @@ import os
 import socket
 import time
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fastfeed import __version__
+from fastfeed.decode import roi
 from fastfeed.errors import (
     ConfigError,
     DestinationError,
@@ -53,11 +63,11 @@ from fastfeed.errors import (
 )
 from fastfeed.packed.layout import JOB_RECORD, RESUME_DIR
 from fastfeed.packing.objstore import RemoteDest, write_shard_remote
-from fastfeed.packing.plan import PackPlan
+from fastfeed.packing.plan import RESTARTS_FIX, PackPlan
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url
 
-__all__ = ["require_ray", "run_ray", "shard_plan"]
+__all__ = ["cluster_restarts", "connection", "require_ray", "run_ray", "shard_plan"]
 
 log = logging.getLogger("fastfeed.pack.ray")
 
@@ -100,6 +110,11 @@ def _node() -> str:
     except ImportError:  # pragma: no cover - tasks only run where Ray is installed
         return socket.gethostname()
     return str(ray.util.get_node_ip_address())
+
+
+def _jpegroi_here() -> tuple[str, str]:
+    """On a node: (its address, why ``fastfeed._jpegroi`` does not load there, or ``""``)."""
+    return _node(), roi.why_not_built()
 
 
 def _check_visible(sub: PackPlan, local_dst: bool) -> None:
@@ -200,6 +215,78 @@ def _connect(ray: Any, address: str | None) -> bool:
             "on a node of the cluster"
         ) from None
     return True
+
+
+@contextmanager
+def connection(address: str | None) -> Iterator[None]:
+    """Connected to the cluster for a whole pack (the nodes' check, then the tasks); a
+    connection this opens is closed at the end, one the caller had is kept.
+
+    Example:
+        >>> with connection("auto"):                                         # doctest: +SKIP
+        ...     run_ray(plan_pack("train", "/nfs/train-ff", jpeg_restarts=cluster_restarts(None)))
+    """
+    ray = _ray()
+    owned = _connect(ray, address)
+    try:
+        yield
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _nodes_lacking_jpegroi(ray: Any) -> list[str]:
+    """``"address (why)"`` of every live node with CPUs whose worker cannot load ``fastfeed._jpegroi``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(_jpegroi_here)
+    refs = [probe.options(name="fastfeed-pack jpegroi check",
+                          scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    lacking = []
+    for ref in refs:
+        try:
+            node, why = ray.get(ref)
+        except ray.exceptions.RayError as e:  # a node that left meanwhile writes no shard
+            log.info("a Ray node did not answer the fastfeed._jpegroi check (%s); going on without it", e)
+            continue
+        if why:
+            lacking.append(f"{node} ({why})")
+    return sorted(lacking)
+
+
+def cluster_restarts(asked: bool | None) -> bool | None:
+    """``jpeg_restarts`` for a pack on the connected cluster, decided once for every shard.
+
+    Restart markers need ``fastfeed._jpegroi`` where a shard is written, and there is no
+    fallback that writes the same bytes, so every node must have it or no shard gets them.
+    Returns ``asked`` when the driver lacks the extension too (planning then decides as
+    for the local engine) or every node has it; ``False``, with a warning naming the
+    nodes, for the default (``None``) when some node lacks it.
+
+    Raises:
+        ConfigError: ``asked`` is True and some node lacks the extension.
+
+    Example:
+        >>> with connection("auto"):                                         # doctest: +SKIP
+        ...     cluster_restarts(None)
+        True
+    """
+    if asked is False or not roi.built():
+        return asked
+    lacking = _nodes_lacking_jpegroi(_ray())
+    if not lacking:
+        return asked
+    where = ", ".join(lacking)
+    if asked:
+        raise ConfigError(f"jpeg_restarts=True needs fastfeed's C extension fastfeed._jpegroi on every Ray node, "
+                          f"and it does not load on {where}: {RESTARTS_FIX} on those nodes; or pass "
+                          "jpeg_restarts=False (--no-jpeg-restarts)")
+    log.warning("pack: JPEGs stored as they are, without restart markers, in every shard: fastfeed._jpegroi "
+                "does not load on Ray node(s) %s (it does on the driver), and a shard must not depend on the node "
+                "that writes it; random crops of these shards then decode the whole JPEG. For markers: %s on "
+                "those nodes, or pack with --engine local", where, RESTARTS_FIX)
+    return False
 
 
 def _window(ray: Any) -> int:

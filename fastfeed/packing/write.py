@@ -35,13 +35,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from fastfeed.decode import roi
+from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.formats.naming import is_image
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
 from fastfeed.packing.load import Problem, check_image, load_samples
-from fastfeed.packing.plan import PackPlan, ShardPlan
+from fastfeed.packing.plan import RESTARTS_FIX, PackPlan, ShardPlan
 from fastfeed.packing.source import Member, show
 from fastfeed.packing.stream import Item, table_items, with_tokens
 
@@ -155,6 +157,9 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
 
     Raises:
         SourceError: a bad input met while writing, with ``on_error="raise"``.
+        ConfigError: the plan adds JPEG restart markers and ``fastfeed._jpegroi`` does not
+            load in this process (the driver decides for every shard; see
+            :func:`fastfeed.packing.ray_engine.cluster_restarts`).
 
     Example:
         >>> result = write_shard(plan, 0)   # doctest: +SKIP
@@ -168,6 +173,11 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
         if progress is not None:
             progress(done.files_read, done.bytes_read)
         return done
+    if plan.options.jpeg_restarts and (why := roi.why_not_built()):
+        # no Python fallback writes the same bytes; without markers this shard would differ from the others
+        raise ConfigError(f"{shard.name}: this pack adds JPEG restart markers to every shard, but fastfeed._jpegroi "
+                          f"does not load in this process (pid {os.getpid()}: {why}); {RESTARTS_FIX}; or pack "
+                          "again with jpeg_restarts=False (--no-jpeg-restarts)")
     dst = Path(plan.dst)
     tmp = dst / f"{shard.name}.{os.getpid()}.tmp"
     try:

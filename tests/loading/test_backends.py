@@ -28,16 +28,10 @@ from fastfeed.loading.planner import plan_rank, plan_spec
 from fastfeed.packed.index import DatasetIndex
 from tools.synth import make_jpeg
 
+pytestmark = pytest.mark.usefixtures("isolated_store")  # see tests/conftest.py
+
 BACKENDS = ["cpu", "dali"]
 BATCH, SEED = 7, 13
-
-
-@pytest.fixture(autouse=True)
-def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No tune result of the user's reaches these loaders."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
 
 @pytest.fixture(scope="module")

@@ -36,20 +36,12 @@ from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.plan import plan_epoch
 from tools.synth import make_jpeg
 
-pytestmark = pytest.mark.dali
+pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("isolated_store")]
 
 
 @pytest.fixture(scope="module")
 def dali() -> Any:
     return require_dali()
-
-
-@pytest.fixture(autouse=True)
-def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tune results of a test never reach the user's cache; no GPU is picked up."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
 
 @pytest.fixture(scope="module")

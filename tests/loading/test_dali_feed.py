@@ -29,19 +29,13 @@ from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import DatasetIndex, ShardInfo
 from tools.synth import make_jpeg
 
-pytestmark = pytest.mark.dali
+pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("isolated_store")]
 
 
 @pytest.fixture(scope="module")
 def dali() -> Any:
     pytest.importorskip("nvidia.dali")
     return import_dali()
-
-
-@pytest.fixture(autouse=True)
-def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
 
 
 @pytest.fixture(scope="module")

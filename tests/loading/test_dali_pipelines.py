@@ -38,11 +38,8 @@ def dali() -> Any:
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated(isolated_store: Path) -> Iterator[None]:
     """Tune results of a test never reach the user's cache; no test adopts another's pipelines."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     gc.collect()
     release_parked()
     yield

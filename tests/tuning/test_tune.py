@@ -27,6 +27,8 @@ from fastfeed.tuning.search import search
 from fastfeed.loading.knobs import Knob, SearchSpace, Setting, worker_ladder
 from fastfeed.loading.tuned import DATASET_FILE, TuneKey, TuneRecord, find_record, save_record
 
+pytestmark = pytest.mark.usefixtures("isolated_store")  # see tests/conftest.py
+
 
 # ---------------------------------------------------------------------- fakes
 class FakeClock:
@@ -45,14 +47,6 @@ def stream(clock: FakeClock, gaps: list[float], size: int = 10) -> Iterator[list
     for g in gaps:
         clock.advance(g)
         yield list(range(size))
-
-
-@pytest.fixture(autouse=True)
-def _isolated_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tune results of a test never reach the user's real cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-    monkeypatch.delenv("FASTFEED_TUNE_DIR", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
 
 # ---------------------------------------------------------------------- measure
