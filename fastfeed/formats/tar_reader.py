@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import io
 import os
+import struct
+import zlib
 from typing import Any, BinaryIO, Callable, Iterator
 
 from fastfeed.errors import SampleError, ShardError
@@ -60,15 +62,28 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
+def _byte_sum(buf: bytes, pos: int = 0) -> int:
+    """The sum of the 512 bytes at ``pos``, exactly: Adler-32's first half is the byte sum
+    modulo 65521, and a half block sums to at most 256 * 255 = 65280, so two calls over
+    256 bytes each give it with no modulo (~0.4 us; ``sum()`` of the bytes takes ~1.9).
+
+    Example:
+        >>> _byte_sum(bytes(range(256)) * 2) == sum(bytes(range(256)) * 2)
+        True
+    """
+    return (zlib.adler32(buf[pos:pos + 256], 0) & 0xFFFF) + (zlib.adler32(buf[pos + 256:pos + BLOCK], 0) & 0xFFFF)
+
+
 def _checksum_ok(h: bytes) -> bool:
     stored = h[148:156].split(b"\0", 1)[0].strip()
     if not stored:
         return False
     want = int(stored, 8)
-    unsigned = sum(h) - sum(h[148:156]) + 8 * 32
+    unsigned = _byte_sum(h) - sum(h[148:156]) + 8 * 32
     if unsigned == want:
         return True
-    signed = unsigned - 2 * sum(b for b in h if b > 127)  # old tars summed signed chars
+    # old tars summed signed chars: each byte above 127 counted 256 less (tarfile's signed_chksum)
+    signed = unsigned - 256 * sum(1 for b in h if b > 127)
     return signed == want
 
 
@@ -142,12 +157,94 @@ def _header_name(h: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
+# The fields of a ustar / v7 header the plain path reads, in one call: name, size, checksum,
+# type flag, magic (mode, uid, gid, mtime, the link name and the version are skipped).
+_HEADER = struct.Struct("100s24x12s12x8sc100x6s")
+_PLAIN_TYPES = (b"0", b"\0", b"7")
+_TERMINATORS = (0, 32)  # NUL or space after the octal digits
+
+
+def _parse_plain(buf: bytes) -> dict[str, Any] | None:
+    """The plain case, fast: every member one ustar/v7 header of a regular file (no pax, no
+    GNU long name), with a name, an octal size and checksum in the usual spelling, a right
+    (unsigned) checksum, and one key; zero blocks may end the span. None for anything else,
+    which :func:`_parse` then reads (and reports); whenever this gives a dict, it is the one
+    :func:`_parse` gives (the tests compare both over varied tars).
+
+    Per member: one ``struct`` unpack, two ``int``, the key rule and :func:`_byte_sum`.
+
+    Raises:
+        ValueError: a number that is not octal (the caller falls back to :func:`_parse`).
+    """
+    n = len(buf)
+    pos = 0
+    fields: dict[str, Any] = {}
+    key: str | None = None
+    same: str | None = None  # key + ".", the start of the next members' names
+    unpack = _HEADER.unpack_from
+    while pos + BLOCK <= n:
+        raw, size_f, chk, typ, magic = unpack(buf, pos)
+        if not raw[0]:  # no name: the end-of-archive blocks, or something odd
+            if buf.count(0, pos, pos + BLOCK) == BLOCK:
+                break
+            return None
+        if (typ not in _PLAIN_TYPES or size_f[11] not in _TERMINATORS or chk[6] not in _TERMINATORS
+                or chk[7] not in _TERMINATORS):
+            return None
+        size = int(size_f[:11], 8)
+        start = pos + BLOCK
+        end = start + size
+        if end > n or _byte_sum(buf, pos) - sum(chk) + 8 * 32 != int(chk[:6], 8):
+            return None  # past the span, or a bad checksum (or an old tar's signed sum): _parse tells
+        member = raw.split(b"\0", 1)[0]
+        if magic == b"ustar\0" and buf[pos + 345]:  # POSIX: a prefix field precedes the name
+            member = buf[pos + 345:pos + 500].split(b"\0", 1)[0] + b"/" + member
+        text = member.decode("utf-8", "surrogateescape")
+        if same is not None and text.startswith(same) and "/" not in text[len(same):]:
+            field = text[len(same):].lower()  # what split_key gives (see below), without its regexes
+        else:
+            parts = split_key(text)
+            if parts is None or (key is not None and parts[0] != key):
+                return None
+            key, field = parts
+            # A later member named key + "." + rest, rest without "/", splits into (key, rest)
+            # too: the key rule's regex can only split it at the same place as the first name
+            # (every candidate cut lies inside the key, and whether it fits depends on the key
+            # alone); a dunder key is left to split_key (a name like "__a__.b__" is metadata).
+            same = None if key.startswith("__") else key + "."
+        fields[field] = buf[start:end]
+        pos = start + -(-size // BLOCK) * BLOCK
+    if key is None:
+        return None
+    return {"__key__": key, **fields}
+
+
 def parse_sample(buf: bytes | memoryview, name: str = "<tar>", offset: int = 0) -> dict[str, Any] | None:
     """Parse the members of one sample's span; None when tarfile should do it instead.
 
+    Plain ustar members (what ``fastfeed pack`` writes) take a fast path
+    (:func:`_parse_plain`) that gives the same dict; anything else the general one.
+
     Raises:
         SampleError: the span is damaged or holds other than exactly one sample.
+
+    Example:
+        >>> import io, tarfile
+        >>> out = io.BytesIO()
+        >>> with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        ...     for field, data in (("txt", b"hi"), ("cls", b"1")):
+        ...         info = tarfile.TarInfo(f"k0.{field}"); info.size = len(data)
+        ...         tf.addfile(info, io.BytesIO(data))
+        >>> parse_sample(out.getvalue()[:2048])
+        {'__key__': 'k0', 'txt': b'hi', 'cls': b'1'}
     """
+    if type(buf) is bytes:
+        try:
+            plain = _parse_plain(buf)
+        except ValueError:
+            plain = None
+        if plain is not None:
+            return plain
     try:
         return _parse(buf, name, offset)
     except (_Unusual, ValueError):
