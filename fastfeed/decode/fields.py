@@ -54,6 +54,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
 import struct
 import zlib
@@ -101,6 +102,9 @@ _NPY_HEADER = re.compile(
     rb"\{'descr': '([<>|=]?[biuf]\d{1,2})', 'fortran_order': (False|True), 'shape': \(((?:\d+, ?)*\d*)\), \} *\n?")
 
 
+_NPY_DTYPES: dict[bytes, np.dtype] = {}  # descr -> dtype: a few distinct ones, parsed once
+
+
 def _npy(data: bytes) -> np.ndarray:
     """A ``.npy`` member as a (writable) array; never unpickles (``allow_pickle=False``).
 
@@ -110,16 +114,22 @@ def _npy(data: bytes) -> np.ndarray:
         [[0, 1, 2], [3, 4, 5]]
     """
     view = memoryview(data)
-    if len(view) >= 10 and bytes(view[:6]) == b"\x93NUMPY" and view[6] in (1, 2, 3):
-        size, start = (int.from_bytes(view[8:10], "little"), 10) if view[6] == 1 else \
+    if len(view) >= 10 and view[:6] == b"\x93NUMPY" and view[6] in (1, 2, 3):
+        size, start = (view[8] | view[9] << 8, 10) if view[6] == 1 else \
             (int.from_bytes(view[8:12], "little"), 12)
-        m = _NPY_HEADER.fullmatch(bytes(view[start:start + size]))
+        m = _NPY_HEADER.fullmatch(view[start:start + size].tobytes())
         if m is not None:
-            dtype = np.dtype(m.group(1).decode())
-            shape = tuple(int(d) for d in m.group(3).split(b",") if d.strip())
-            count = int(np.prod(shape, dtype=np.int64))
+            descr = m.group(1)
+            dtype = _NPY_DTYPES.get(descr)
+            if dtype is None:
+                dtype = _NPY_DTYPES.setdefault(descr, np.dtype(descr.decode()))
+            dims = m.group(3)
+            shape = tuple(int(d) for d in dims.split(b",") if d.strip())
+            count = math.prod(shape)
             if count * dtype.itemsize == len(view) - start - size:
                 flat = np.frombuffer(view, dtype=dtype, count=count, offset=start + size).copy()
+                if len(shape) == 1:
+                    return flat
                 return flat.reshape(shape, order="F" if m.group(2) == b"True" else "C")
     return np.load(io.BytesIO(data), allow_pickle=False)
 
