@@ -197,7 +197,7 @@ def plan_seqpack(docs: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.n
 
 def _tokens_of(tokens: Mapping[int, Any] | Callable[[int], Any], doc: int) -> np.ndarray:
     arr = tokens(doc) if callable(tokens) else tokens[doc]
-    return np.asarray(arr).reshape(-1)
+    return arr if type(arr) is np.ndarray and arr.ndim == 1 else np.asarray(arr).reshape(-1)
 
 
 def assemble(pieces: BatchPieces, tokens: Mapping[int, Any] | Callable[[int], Any], *,
@@ -225,20 +225,39 @@ def assemble(pieces: BatchPieces, tokens: Mapping[int, Any] | Callable[[int], An
     pos_ids = np.zeros(size, dtype=np.int64)
     valid = np.zeros(size, dtype=bool)
     flat = pieces.row * L + pieces.col
+    lens = pieces.end - pieces.begin
     arrays: dict[int, np.ndarray] = {}
-    for k in range(pieces.doc.size):
-        doc, lo, hi = int(pieces.doc[k]), int(pieces.begin[k]), int(pieces.end[k])
-        if doc not in arrays:
-            arrays[doc] = _tokens_of(tokens, doc)
-            if arrays[doc].size != pieces.doc_len[k]:
-                raise SampleError(f"document {doc}: {arrays[doc].size} tokens, but lengths.npy says "
-                                  f"{int(pieces.doc_len[k])}; re-pack with --tokenize so both agree",
-                                  key=str(doc))
-        s = int(flat[k])
-        ids[s:s + hi - lo] = arrays[doc][lo:hi]
-        pos_ids[s:s + hi - lo] = np.arange(lo, hi) if positions == "document" else np.arange(hi - lo)
-        valid[s:s + hi - lo] = True
-    cu = np.unique(np.concatenate([flat, np.arange(0, size, L), [pieces.num_valid, size]])).astype(np.int32)
+    parts: list[np.ndarray] = []
+    docs, begins, ends, planned = (pieces.doc.tolist(), pieces.begin.tolist(), pieces.end.tolist(),
+                                   pieces.doc_len.tolist())
+    for k, doc in enumerate(docs):
+        arr = arrays.get(doc)
+        if arr is None:
+            arr = arrays[doc] = _tokens_of(tokens, doc)  # once a document, however many pieces
+            if arr.size != planned[k]:
+                raise SampleError(f"document {doc}: {arr.size} tokens, but lengths.npy says "
+                                  f"{int(planned[k])}; re-pack with --tokenize so both agree", key=str(doc))
+        parts.append(arr[begins[k]:ends[k]])
+    if parts:
+        # pieces lie end to end from column 0 of row 0 (the plan's layout): one copy of all of
+        # them, positions by one repeat (each piece's first position, minus where it starts)
+        first = pieces.begin if positions == "document" else np.zeros_like(flat)
+        ends_at = np.cumsum(lens)
+        if flat[0] == 0 and np.array_equal(flat[1:], ends_at[:-1]):
+            total = int(ends_at[-1])
+            ids[:total] = np.concatenate(parts)
+            pos_ids[:total] = np.arange(total) + np.repeat(first - flat, lens)
+            valid[:total] = True
+        else:  # pieces laid out otherwise (a hand-made BatchPieces): one at a time
+            for k, part in enumerate(parts):
+                s, n = int(flat[k]), part.size
+                ids[s:s + n] = part
+                pos_ids[s:s + n] = np.arange(int(first[k]), int(first[k]) + n)
+                valid[s:s + n] = True
+    # every piece start, row start, the end of the real tokens and the end: ~50 numbers, in
+    # Python (np.unique costs more on so few)
+    bounds = sorted({*flat.tolist(), *range(0, size, L), pieces.num_valid, size})
+    cu = np.array(bounds, dtype=np.int32)
     name = keys if callable(keys) else (keys.__getitem__ if keys is not None else str)
     rows: list[list[str]] = [[] for _ in range(B)]
     for r, d in zip(pieces.row.tolist(), pieces.doc.tolist()):
@@ -248,6 +267,6 @@ def assemble(pieces: BatchPieces, tokens: Mapping[int, Any] | Callable[[int], An
         "position_ids": pos_ids.reshape(B, L),
         "valid": valid.reshape(B, L),
         "cu_seqlens": cu,
-        "max_seqlen": int(np.diff(cu).max()) if cu.size > 1 else 0,
+        "max_seqlen": max((b - a for a, b in zip(bounds, bounds[1:])), default=0),
         "__key__": rows,
     }
