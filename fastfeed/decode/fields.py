@@ -193,19 +193,38 @@ def decode_field(ext: str, data: bytes) -> Any:
         >>> decode_field("seg.cls2", b"12")
         12
     """
+    decoder = _BY_FIELD.get(ext, _UNSEEN)
+    if decoder is not _UNSEEN:  # a field name seen before, not gzipped: its decoder at once
+        try:
+            return data if decoder is None else decoder(data)
+        except _DECODE_ERRORS as e:
+            raise _field_error(ext, ext.lower(), e) from None
     name = ext.lower()
+    if last_ext(name) != "gz" and len(_BY_FIELD) < 4096:
+        _BY_FIELD[ext] = _DECODERS.get(last_ext(name))
     try:
         while last_ext(name) == "gz":
             data = _gunzip(data)
             name = name[:-3]  # "txt.gz" -> "txt"; a bare "gz" -> "" (raw bytes)
         decoder = _DECODERS.get(last_ext(name))
         return data if decoder is None else decoder(data)
-    except (ValueError, UnicodeDecodeError, EOFError, OSError, zlib.error, struct.error) as e:
-        # msgpack's errors (ExtraData, FormatError, ...) are ValueErrors too
-        raise SampleError(
-            f"field '{ext}' does not decode as .{last_ext(name) or 'gz'} ({type(e).__name__}: {e}); "
-            "fix or drop the field, or pass on_error='skip'"
-        ) from None
+    except _DECODE_ERRORS as e:
+        raise _field_error(ext, name, e) from None
+
+
+# msgpack's errors (ExtraData, FormatError, ...) are ValueErrors too
+_DECODE_ERRORS = (ValueError, UnicodeDecodeError, EOFError, OSError, zlib.error, struct.error)
+_UNSEEN = object()
+#: field name -> its decoder (None: raw bytes), for names that are not gzipped; filled as
+#: fields are seen (a dataset has a few), so a sample's fields skip the extension rule.
+_BY_FIELD: dict[str, Callable[[bytes], Any] | None] = {}
+
+
+def _field_error(ext: str, name: str, e: BaseException) -> SampleError:
+    return SampleError(
+        f"field '{ext}' does not decode as .{last_ext(name) or 'gz'} ({type(e).__name__}: {e}); "
+        "fix or drop the field, or pass on_error='skip'"
+    )
 
 
 def decode_fields(

@@ -40,7 +40,7 @@ import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_convert
 
 from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError
@@ -67,6 +67,36 @@ from fastfeed.storage.remote import is_url
 __all__ = ["Loader", "STATE_VERSION", "loader"]
 
 log = logging.getLogger(__name__)
+
+
+_ATOMS = (str, int, float, bool, type(None))  # what default_convert hands back as it is
+
+
+def _plain(value: Any) -> bool:
+    """True for what ``default_convert`` would give back equal: tensors, str / numbers, and
+    lists (of lists) of those (``__key__``, decoded text fields, skip reasons)."""
+    t = type(value)
+    if t in _ATOMS or isinstance(value, torch.Tensor):
+        return True
+    return t is list and all(type(v) in _ATOMS or (type(v) is list and all(type(x) in _ATOMS for x in v))
+                             for v in value)
+
+
+def convert_batch(batch: Any) -> Any:
+    """The batch as ``default_convert`` gives it (what ``DataLoader(batch_size=None)`` runs on
+    every batch: numpy arrays to tensors, at any depth), without walking the values that
+    have nothing to convert element by element (50-80 us a text batch, measured; 3-6% of a
+    token batch's CPU).
+
+    Example:
+        >>> import numpy as np
+        >>> b = convert_batch({"__key__": ["a", "b"], "x": np.zeros(2), "t": (1, np.ones(1))})
+        >>> b["__key__"], type(b["x"]).__name__, b["t"]
+        (['a', 'b'], 'Tensor', [1, tensor([1.], dtype=torch.float64)])
+    """
+    if type(batch) is not dict:
+        return default_convert(batch)
+    return {k: v if _plain(v) else default_convert(v) for k, v in batch.items()}
 
 
 class Loader(FrameworkHooks, Resumable, DataLoader):
@@ -110,7 +140,7 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         if "in_order" in inspect.signature(DataLoader.__init__).parameters:
             kwargs["in_order"] = True  # the round-robin order of batches is the contract
         super().__init__(dataset, batch_size=None, sampler=sampler, batch_sampler=batch_sampler,
-                         num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
+                         collate_fn=convert_batch, num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
                          worker_init_fn=worker_init_fn, **kwargs)
         # workers refill the shared-memory batches the main process has let go (fastfeed.decode.bufpool);
         # only with persistent workers: one process per worker id for the loader's life
