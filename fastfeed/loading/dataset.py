@@ -147,10 +147,14 @@ class ShardBatches(IterableDataset):
             pos = np.flatnonzero(which == k)
             shards, locs = src.locate(ids[pos])
             shard_of[pos], offset_of[pos] = shards, locs[:, 0]
-            for j in np.argsort(ids[pos], kind="stable"):  # read in file order, keep batch order
-                s, off, size = int(shards[j]), int(locs[j, 0]), int(locs[j, 1])
+            where, shard_list, loc_list = pos.tolist(), shards.tolist(), locs.tolist()
+            reader, at = None, -1  # the open reader of shard ``at``
+            for j in np.argsort(ids[pos], kind="stable").tolist():  # read in file order, keep batch order
+                s, (off, size) = shard_list[j], loc_list[j]
                 try:
-                    got[pos[j]] = src.read_at(s, off, size)
+                    if s != at:
+                        reader, at = src.reader(s), s
+                    got[where[j]] = reader.read(off, size)
                 except SampleError as e:
                     self._fail(skipped, sample_error(src, s, off, "", e))
         kept = [j for j, g in enumerate(got) if g is not None]

@@ -257,11 +257,13 @@ class TokenBatches(IterableDataset):
         shards, locs = src.locate(ids)
         tokens: dict[int, np.ndarray] = {}
         keys: dict[int, str] = {}
-        for j, doc in enumerate(ids.tolist()):
-            s, off, size = int(shards[j]), int(locs[j, 0]), int(locs[j, 1])
+        reader, at = None, -1  # the open reader of shard ``at`` (documents come in file order)
+        for doc, s, (off, size) in zip(ids.tolist(), shards.tolist(), locs.tolist()):
             key = ""
             try:
-                sample = src.read_at(s, off, size)
+                if s != at:
+                    reader, at = src.reader(s), s
+                sample = reader.read(off, size)
                 key = str(sample.get("__key__", ""))
                 tokens[doc], keys[doc] = self._tokens(sample), key
             except (SampleError, OSError, ValueError) as e:
