@@ -116,6 +116,60 @@ def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
     return t, t.numpy()
 
 
+_ONE_STORAGE_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                 torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def one_storage(batch: dict[str, Any]) -> dict[str, Any]:
+    """In a DataLoader worker: the batch with its tensors moved into ONE shared-memory storage.
+
+    A worker sends every storage of a batch to the main process with a file descriptor of
+    its own: a socket connection and an authentication handshake in both processes (torch's
+    default ``file_descriptor`` sharing), ~0.4 ms of CPU a storage on the 2-core machine of
+    ``benchmarks/RESULTS.md`` (a token batch of 4 tensors spent more on that than on reading
+    and building it). One storage makes it one handshake. It is not an extra copy: a tensor
+    that is not in shared memory is copied into shared memory to be sent anyway.
+
+    Each tensor becomes a contiguous view, of its own shape and dtype (64-byte aligned), of the
+    storage: the same values, shapes, dtypes and contiguity, only ``storage_offset()`` and the
+    storage's size differ. Tensors already in shared memory (image batch buffers), views that
+    do not cover their storage, tensors that share a storage, need grad or are not on the CPU
+    stay as they are, as do values that are not tensors. Outside a worker (``num_workers=0``:
+    nothing is sent) the batch is returned unchanged.
+
+    Example:
+        >>> b = one_storage({"a": torch.arange(3), "k": ["x"]})  # in this process: unchanged
+        >>> b["a"].tolist(), b["k"]
+        ([0, 1, 2], ['x'])
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return batch
+    at, spans, seen = 0, {}, set()
+    for k, t in batch.items():
+        if (type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _ONE_STORAGE_DTYPES
+                and not t.requires_grad and t.is_contiguous() and t.storage_offset() == 0
+                and t.untyped_storage().nbytes() == t.nbytes and not t.is_shared()):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            spans[k] = at
+            at += -(-t.nbytes // 64) * 64
+    if len(spans) < 2:
+        return batch  # one storage already
+    try:
+        flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(at))
+    except (AttributeError, RuntimeError, TypeError):  # private API moved: torch shares each one
+        return batch
+    out = dict(batch)
+    for k, start in spans.items():
+        t = batch[k]
+        view = flat[start:start + t.nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out[k] = view
+    return out
+
+
 def nhwc_to_nchw(t: torch.Tensor) -> torch.Tensor:
     """View an NHWC tensor as NCHW (channels_last memory format), without copying."""
     return t.permute(0, 3, 1, 2)

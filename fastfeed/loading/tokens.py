@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastfeed.decode.collate import Padding
+from fastfeed.decode.collate import Padding, one_storage
 from fastfeed.decode.fields import decode_field
 from fastfeed.errors import ConfigError, SampleError, StateError
 from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY
@@ -274,6 +274,7 @@ class TokenBatches(IterableDataset):
         arrays = assemble(pieces, tokens, keys=keys, pad_id=self.pad_id)
         batch: dict[str, Any] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                                  for k, v in arrays.items()}
+        batch = one_storage(batch)  # in a worker: one storage to send, not four
         batch[SKIPPED_KEY] = []
         batch[TIMING_KEY] = (t1 - t0, time.perf_counter() - t1, time.process_time() - cpu0)
         return batch

@@ -120,6 +120,24 @@ def test_seq_len_deterministic_and_independent_of_workers(tokens: Path) -> None:
     assert Counter(_tokens_of(epochs[1])) == Counter(_tokens_of(a))  # a new order of the same tokens
 
 
+@pytest.mark.parametrize("kw", [{"batch_size": 3, "seq_len": 32}, {"batch_size": 5}], ids=["seq_len", "padded"])
+def test_batches_from_workers_equal_the_in_process_ones_in_one_storage(tokens: Path, kw: dict[str, Any]) -> None:
+    """Workers send a batch's tensors as views of one shared storage (one file descriptor, not
+    one per tensor: decode.collate.one_storage); the values are those of num_workers=0."""
+    a = list(fastfeed.loader(tokens, num_workers=0, seed=3, **kw))
+    b = list(fastfeed.loader(tokens, num_workers=2, seed=3, **kw))
+    assert len(a) == len(b) > 2
+    for x, y in zip(a, b):
+        assert list(x) == list(y)
+        for k in x:
+            if isinstance(x[k], torch.Tensor):
+                assert x[k].dtype == y[k].dtype and x[k].is_contiguous() and torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k], k
+        tensors = [v for v in y.values() if isinstance(v, torch.Tensor)]
+        assert len(tensors) >= 4 and len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+
+
 @pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 1)])
 def test_seq_len_resume_mid_epoch_in_a_fresh_loader(tokens: Path, workers_before: int, workers_after: int) -> None:
     kw: dict[str, Any] = {"batch_size": 2, "seq_len": 24, "seed": 1, "rank": 1, "world_size": 2}
