@@ -132,10 +132,11 @@ def one_storage(batch: dict[str, Any]) -> dict[str, Any]:
 
     Each tensor becomes a contiguous view, of its own shape and dtype (64-byte aligned), of the
     storage: the same values, shapes, dtypes and contiguity, only ``storage_offset()`` and the
-    storage's size differ. Tensors already in shared memory (image batch buffers), views that
-    do not cover their storage, tensors that share a storage, need grad or are not on the CPU
-    stay as they are, as do values that are not tensors. Outside a worker (``num_workers=0``:
-    nothing is sent) the batch is returned unchanged.
+    storage's size differ (a tensor kept alone keeps the whole batch's storage alive). Tensors
+    already in shared memory (image batch buffers), views that do not cover their storage,
+    tensors that share a storage, need grad or are not on the CPU stay as they are, as do
+    values that are not tensors. Outside a worker (``num_workers=0``: nothing is sent) the
+    batch is returned unchanged.
 
     Example:
         >>> b = one_storage({"a": torch.arange(3), "k": ["x"]})  # in this process: unchanged
