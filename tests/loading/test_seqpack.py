@@ -158,3 +158,31 @@ def test_errors() -> None:
         plan.batch(1)
     with pytest.raises(SampleError, match="document 1: 2 tokens, but lengths.npy says 3"):
         assemble(plan.batch(0), {1: np.array([1, 2])})
+
+
+@pytest.mark.parametrize("positions", ["document", "row"])
+def test_pieces_laid_out_otherwise_assemble_piece_by_piece(positions: str) -> None:
+    """A hand-made BatchPieces whose pieces do not lie end to end (the plan's never do) takes
+    the piece-by-piece path; it must put every piece where it says and agree with the plan's
+    own layout on the pieces both have."""
+    from dataclasses import replace
+
+    plan = plan_seqpack([4, 5, 6], [5, 7, 3], batch_size=2, seq_len=8, drop_last=False)
+    toks = _tokens(np.array([4, 5, 6]), np.array([5, 7, 3]))
+    p = plan.batch(0)
+    want = assemble(p, toks, positions=positions)
+    # the same pieces in reverse order: each still at its own row and column
+    rev = replace(p, **{f: getattr(p, f)[::-1].copy() for f in ("row", "col", "pos", "doc", "begin", "end", "doc_len")})
+    got = assemble(rev, toks, positions=positions)
+    for k in ("input_ids", "position_ids", "valid", "cu_seqlens"):
+        assert np.array_equal(got[k], want[k]), k
+    assert got["max_seqlen"] == want["max_seqlen"]
+    # a gap: the last piece moved one column right (the batch has room) leaves a padding position
+    last = p.col.size - 1
+    gap = replace(p, col=np.where(np.arange(p.col.size) == last, p.col + 1, p.col))
+    g = assemble(gap, toks, positions=positions, pad_id=-1)
+    s = int(p.row[last] * 8 + p.col[last])
+    n = int(p.end[last] - p.begin[last])
+    assert g["input_ids"].reshape(-1)[s] == -1 and not g["valid"].reshape(-1)[s]
+    assert np.array_equal(g["input_ids"].reshape(-1)[s + 1:s + 1 + n], toks[int(p.doc[last])][p.begin[last]:p.end[last]])
+    assert np.array_equal(g["input_ids"].reshape(-1)[:s], want["input_ids"].reshape(-1)[:s])
