@@ -116,6 +116,8 @@ def batch_buffer(shape: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
     return t, t.numpy()
 
 
+#: Tensors larger than this keep a storage of their own in :func:`one_storage`.
+ONE_STORAGE_MAX_BYTES = 4 << 20
 _ONE_STORAGE_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                  torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -132,7 +134,9 @@ def one_storage(batch: dict[str, Any]) -> dict[str, Any]:
 
     Each tensor becomes a contiguous view, of its own shape and dtype (64-byte aligned), of the
     storage: the same values, shapes, dtypes and contiguity, only ``storage_offset()`` and the
-    storage's size differ (a tensor kept alone keeps the whole batch's storage alive). Tensors
+    storage's size differ (a tensor kept alone keeps the batch's small tensors alive: only
+    tensors of at most :data:`ONE_STORAGE_MAX_BYTES` are joined, so a label kept for a metric
+    never holds an image batch in memory; those large tensors cost one handshake each). Tensors
     already in shared memory (image batch buffers), views that do not cover their storage,
     tensors that share a storage, need grad or are not on the CPU stay as they are, as do
     values that are not tensors. Outside a worker (``num_workers=0``: nothing is sent) the
@@ -149,6 +153,7 @@ def one_storage(batch: dict[str, Any]) -> dict[str, Any]:
     for k, t in batch.items():
         if (type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _ONE_STORAGE_DTYPES
                 and not t.requires_grad and t.is_contiguous() and t.storage_offset() == 0
+                and t.nbytes <= ONE_STORAGE_MAX_BYTES
                 and t.untyped_storage().nbytes() == t.nbytes and not t.is_shared()):
             ptr = t.untyped_storage().data_ptr()
             if ptr in seen:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from fastfeed.decode.collate import one_storage
+from fastfeed.decode.collate import ONE_STORAGE_MAX_BYTES, one_storage
 
 
 def _tensors() -> dict[str, Any]:
@@ -31,6 +31,7 @@ def _tensors() -> dict[str, Any]:
         "grad": torch.ones(2, requires_grad=True),
         "complex": torch.ones(2, dtype=torch.complex64),
         "shared": shared,
+        "big": torch.ones(ONE_STORAGE_MAX_BYTES // 4 + 1, dtype=torch.int32),  # its own storage
         "text": ["a", "b"], "n": 3,
     }
 
@@ -58,7 +59,7 @@ def test_a_worker_sends_one_storage_with_the_same_values() -> None:
             assert v == want[k]
     merged = ["ids", "mask", "cu", "half", "f64", "empty", "same_a"]
     assert len({_storage(got[k]) for k in merged}) == 1
-    assert all(_storage(got[k]) != _storage(got["ids"]) for k in ("view", "same_b", "complex", "shared"))
+    assert all(_storage(got[k]) != _storage(got["ids"]) for k in ("view", "same_b", "complex", "shared", "big"))
 
 
 def test_outside_a_worker_the_batch_is_left_as_it_is() -> None:
