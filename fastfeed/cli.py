@@ -388,7 +388,7 @@ def _add_sizes(p: argparse.ArgumentParser) -> None:
 
 def _sizes(args: argparse.Namespace, decode: str | None, cache_dir: Any = None) -> tuple[int | None, Any]:
     """(batch size, image size) to pass on; prints one line on stderr saying what was assumed."""
-    from fastfeed.decode.fields import is_image
+    from fastfeed.formats.naming import holds_pixels
     from fastfeed.errors import ConfigError
     from fastfeed.packed.reader import resolve_index
     from fastfeed.tuning.defaults import resolve_defaults
@@ -406,7 +406,7 @@ def _sizes(args: argparse.Namespace, decode: str | None, cache_dir: Any = None) 
         index = resolve_index(args.dst, cache_dir=cache_dir)
     except FastfeedError:  # the command itself reports it, with its own advice
         return args.batch_size, size
-    chosen = resolve_defaults(has_images=any(is_image(f) for f in index.fields), batch_size=args.batch_size,
+    chosen = resolve_defaults(has_images=any(holds_pixels(f) for f in index.fields), batch_size=args.batch_size,
                               image_size=size, decode=decode)
     if chosen.line():
         print(chosen.line(), file=sys.stderr, flush=True)

@@ -79,8 +79,10 @@ class RawDecoder:
     """``decode=None``: every field as raw bytes (lists), plus the index's labels if any.
 
     An image stored as pixels (``rgb8``, ``pack --store raw``) is the exception: it arrives as
-    its read-only uint8 ``(h, w, 3)`` array (a view of the bytes read, no copy), a list of them
-    in a batch (their sizes differ); its byte count is checked against the index's shape.
+    its uint8 ``(h, w, 3)`` array (``ds[i]`` of :func:`fastfeed.open_dataset`), and in a loader's
+    batch as a list of them (their sizes differ), which the DataLoader hands over as uint8
+    ``(h, w, 3)`` tensors; None for a sample stored as JPEG (``--store mixed:P``). Its byte
+    count is checked against the index's shape.
 
     Example:
         >>> RawDecoder().decode_batch([{"__key__": "a", "txt": b"x"}], np.array([0]), 0,
@@ -95,8 +97,8 @@ class RawDecoder:
     def decode_sample(self, sample: dict[str, Any], sid: int, epoch: int, label: int | None) -> dict[str, Any]:
         out = dict(sample)
         shape = out.pop(_SHAPE, None)
-        if RAW_FIELD in out:
-            out[RAW_FIELD] = pixels(out[RAW_FIELD], shape)
+        if RAW_FIELD in out:  # a writable copy: torch refuses to wrap read-only arrays silently
+            out[RAW_FIELD] = pixels(out[RAW_FIELD], shape).copy()
         if label is not None and label >= 0:
             out["label"] = int(label)
         return self.transform(out) if self.transform is not None else out

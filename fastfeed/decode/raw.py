@@ -13,7 +13,7 @@ the index (``shapes.npy``), and the loader hands it to the decoder as the sample
   :class:`~fastfeed.errors.SampleError` that names the expected byte count when the length
   does not match the shape (a truncated or replaced sample).
 - :func:`crop_into` crops a view of those pixels and resizes it into the batch buffer with
-  the same resize as the JPEG path (:func:`~fastfeed.decode.image.resize_into`), so for a
+  the same resize as the JPEG path (:func:`~fastfeed.decode.resize.resize_into`), so for a
   dataset packed without ``max_side`` the crop box of a sample, a function of ``(seed, epoch,
   sample)`` and of the upright image size, is the same whichever way it was stored.
 
@@ -35,17 +35,17 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fastfeed.decode.image import Box, ImageDecoder, resize_into, resize_into_pillow
+from fastfeed.decode.resize import resize_into, resize_into_pillow
 from fastfeed.errors import SampleError
 from fastfeed.formats.naming import RAW_FIELD
 
 __all__ = ["RAW_FIELD", "crop_into", "fit_size", "pixels", "raw_bytes", "to_pixels"]
 
-_DECODERS: dict[int, ImageDecoder] = {}
+_DECODERS: dict[int, Any] = {}
 
 
 def fit_size(height: int, width: int, max_side: int | None) -> tuple[int, int]:
@@ -71,9 +71,14 @@ def raw_bytes(height: int, width: int) -> int:
     return 3 * int(height) * int(width)
 
 
-def _decoder() -> ImageDecoder:
+def _decoder() -> Any:
+    """This process's :class:`~fastfeed.decode.image.ImageDecoder` (for the pack side only)."""
     dec = _DECODERS.get(os.getpid())
     if dec is None:
+        # imported here, not above: fastfeed.decode.image brings torch (decode.path), which the
+        # loader needs anyway and ``fastfeed.pack`` must not load for its start-up time
+        from fastfeed.decode.image import ImageDecoder
+
         dec = ImageDecoder.__new__(ImageDecoder)
         dec.__setstate__({"backend": "auto"})  # no decode-path log line from every pack worker
         _DECODERS.clear()
@@ -140,7 +145,8 @@ def pixels(data: bytes | memoryview, shape: Sequence[int] | None) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(h, w, 3)
 
 
-def crop_into(arr: np.ndarray, dst: np.ndarray, box: Box, *, flip: bool) -> None:
+def crop_into(arr: np.ndarray, dst: np.ndarray, box: Callable[[int, int], tuple[int, int, int, int]], *,
+              flip: bool) -> None:
     """Crop ``box(h, w)`` of the upright ``arr`` (a view, no copy), resize it into ``dst`` (HWC), flip.
 
     Args:
