@@ -169,7 +169,8 @@ class DatasetReader:
                     f"{url}: {size} bytes but the index says {info.bytes}; the shard was truncated "
                     "or replaced after packing. Restore it, or re-run `fastfeed pack`"
                 )
-        return FastTarReader(src, name=url)
+        # raw pixels: read through a memory map, so a crop touches only its rows (no copy per sample)
+        return FastTarReader(src, name=url, use_mmap=self.index.store is not None)
 
     def _local_copy(self, url: str, size: int, sha256: str) -> str:
         if not is_url(url):
