@@ -44,7 +44,7 @@ MORE_WORKERS = 1.25
 FEW_BATCHES = 4
 #: Images per CPU-second of the raw-pixel path over the JPEG path (RandomResizedCrop 224), as measured by
 #: ``benchmarks/loader_raw.py`` (benchmarks/RESULTS.md, "Raw-pixel shards"); used to predict the raw rate.
-RAW_GAIN = 3.0
+RAW_GAIN = 2.5
 #: The disk a raw copy may take: at most this share of the free space.
 DISK_SHARE = 0.8
 
@@ -237,7 +237,7 @@ def _raw_store(f: Facts) -> str | None:
     storage = "" if rate is None else (
         f"; at {rate:,.0f} images/s the storage must then deliver ~{rate * per_image / 1e6:,.0f} MB/s "
         "(when the shards do not stay in the page cache)")
-    gain = (f"~{RAW_GAIN:.0f}x the images per CPU-second (benchmarks/RESULTS.md, loader_raw)"
+    gain = (f"~{RAW_GAIN:g}x the images per CPU-second (benchmarks/RESULTS.md, loader_raw)"
             + (f", ~{RAW_GAIN * core:,.0f}/s per core" if core else ""))
     disk = (f"~{format_bytes(need)} of disk for {f.num_samples:,} images of ~{w:,.0f}x{h:,.0f} "
             f"({format_bytes(per_image)} each, {format_bytes(img.mean_bytes)} as JPEG now)")
