@@ -10,6 +10,9 @@ What a batch holds (``B`` samples):
   keep their size and must all be the same.
 - ``"label"``: int64 ``B`` from the index's labels, else the ``cls`` field; the ``cls``
   field is not repeated. Absent when the data has neither; -1 for a sample without.
+  Images stored as pixels (``pack --store raw``, the field ``rgb8``) take the same crop and
+  flip straight from the stored pixels, with no decode (:mod:`fastfeed.decode.raw`); a
+  dataset that stores some images each way (``--store mixed:P``) mixes both in one batch.
 - ``"__key__"``: the list of sample keys, always.
 - every other field, decoded by :func:`fastfeed.decode.fields.decode_field` (``.json``
   -> dict, ``.txt`` -> str, ``.cls`` -> int, ``.npy`` -> array, ...; pickles and unknown
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 
 from fastfeed.decode.collate import INPUT_IDS, Padding, batch_buffer, collate, nhwc_to_nchw
-from fastfeed.decode.fields import decode_field, is_image
+from fastfeed.decode.fields import decode_field
 from fastfeed.decode.geometry import (
     FLIP,
     NUM_UNIFORMS,
@@ -45,34 +48,24 @@ from fastfeed.decode.geometry import (
     uniforms,
 )
 from fastfeed.decode.image import ImageDecoder
+from fastfeed.decode.raw import crop_into, pixels
 from fastfeed.errors import ConfigError, SampleError
+from fastfeed.formats.naming import PREFERRED_IMAGE_FIELDS as _PREFERRED
+from fastfeed.formats.naming import RAW_FIELD, holds_pixels, pick_image_field
 
-# normalize_image_size lives in fastfeed.decode.geometry; importable from here too
+# normalize_image_size lives in fastfeed.decode.geometry, pick_image_field in fastfeed.formats.naming;
+# importable from here too
 __all__ = ["CpuDecoder", "Fail", "RawDecoder", "normalize_image_size", "pick_image_field"]
 
 #: Called with (position in the batch, exception) for a sample that cannot be used;
 #: raises (on_error="raise") or returns to drop the sample (on_error="skip").
 Fail = Callable[[int, BaseException], None]
 
-_PREFERRED = ("jpg", "jpeg", "png", "webp")
+_SHAPE = "__shape__"  # (h, w) of a raw image, attached by the reader from the index (shapes.npy)
 # What a bad sample raises (the image decoder turns its libraries' errors into SampleError;
 # a shard reader may raise OSError)
 _BAD_DATA: tuple[type[BaseException], ...] = (SampleError, OSError, ValueError)
 _NO_FIELDS: dict[str, Any] = {}
-
-
-def pick_image_field(fields: Sequence[str]) -> str | None:
-    """The field decoded as ``"image"``: jpg, jpeg, png, webp first, then any image field.
-
-    Example:
-        >>> pick_image_field(["cls", "png", "jpg"]), pick_image_field(["txt"])
-        ('jpg', None)
-    """
-    for ext in _PREFERRED:
-        if ext in fields:
-            return ext
-    images = sorted(f for f in fields if is_image(f))
-    return images[0] if images else None
 
 
 def _label_of(sample: dict[str, Any], label: int | None) -> int | None:
@@ -84,6 +77,12 @@ def _label_of(sample: dict[str, Any], label: int | None) -> int | None:
 
 class RawDecoder:
     """``decode=None``: every field as raw bytes (lists), plus the index's labels if any.
+
+    An image stored as pixels (``rgb8``, ``pack --store raw``) is the exception: it arrives as
+    its uint8 ``(h, w, 3)`` array (``ds[i]`` of :func:`fastfeed.open_dataset`), and in a loader's
+    batch as a list of them (their sizes differ), which the DataLoader hands over as uint8
+    ``(h, w, 3)`` tensors; None for a sample stored as JPEG (``--store mixed:P``). Its byte
+    count is checked against the index's shape.
 
     Example:
         >>> RawDecoder().decode_batch([{"__key__": "a", "txt": b"x"}], np.array([0]), 0,
@@ -97,6 +96,9 @@ class RawDecoder:
 
     def decode_sample(self, sample: dict[str, Any], sid: int, epoch: int, label: int | None) -> dict[str, Any]:
         out = dict(sample)
+        shape = out.pop(_SHAPE, None)
+        if RAW_FIELD in out:  # a writable copy: torch refuses to wrap read-only arrays silently
+            out[RAW_FIELD] = pixels(out[RAW_FIELD], shape).copy()
         if label is not None and label >= 0:
             out["label"] = int(label)
         return self.transform(out) if self.transform is not None else out
@@ -112,6 +114,11 @@ class RawDecoder:
                 if fail is None:
                     raise
                 fail(j, e)
+        if self.transform is None and any(RAW_FIELD in s for s in out):  # arrays of many sizes: a list
+            raw = [s.pop(RAW_FIELD, None) for s in out]
+            batch = collate(out, self.pad)
+            batch[RAW_FIELD] = raw
+            return batch
         return collate(out, self.pad)
 
 
@@ -196,9 +203,12 @@ class CpuDecoder:
         u = self._uniforms(np.array([sid]), epoch)
         out: dict[str, Any] = {"__key__": sample.get("__key__", "")}
         field = None
-        if any(is_image(k) for k in sample if not k.startswith("__")):
+        if any(holds_pixels(k) for k in sample if not k.startswith("__")):
             field = self._field(sample)
-            out["image"] = self._decode_one(sample[field], None if u is None else u[0])
+            data = sample[field]
+            if field == RAW_FIELD:
+                data = pixels(data, sample.get(_SHAPE))
+            out["image"] = self._decode_one(data, None if u is None else u[0])
         lab = _label_of(sample, label)
         if lab is not None:
             out["label"] = lab
@@ -207,12 +217,17 @@ class CpuDecoder:
             out[INPUT_IDS] = out.pop(self.tokens_field)
         return self.transform(out) if self.transform is not None else out
 
-    def _decode_one(self, data: bytes, u: np.ndarray | None) -> np.ndarray:
+    def _decode_one(self, data: bytes | np.ndarray, u: np.ndarray | None) -> np.ndarray:
+        """An image file's bytes, or raw pixels (an array), as the HWC ``"image"``."""
+        raw = isinstance(data, np.ndarray)
         if self.image_size is None:
-            return self.images.decode(data)
+            return data.copy() if raw else self.images.decode(data)
         dst = np.empty((*self.image_size, 3), dtype=np.uint8)
         flip = u is not None and self.flip and u[FLIP] < 0.5
-        self.images.decode_into(data, dst, self._box(u), flip=bool(flip))
+        if raw:
+            crop_into(data, dst, self._box(u), flip=bool(flip))
+        else:
+            self.images.decode_into(data, dst, self._box(u), flip=bool(flip))
         return dst
 
     # ------------------------------------------------------------------ a batch
@@ -245,7 +260,10 @@ class CpuDecoder:
                     plain = all(k.startswith("__") or k == field or k == "cls" for k in layout)
                 lab = _label_of(s, None if given is None else given[j])
                 fields = _NO_FIELDS if plain else self._other_fields(s, field)
-                decode_into(s[field], arr[len(keys)], box_of(rows[j]), flip=flips[j])
+                if field == RAW_FIELD:  # stored pixels: crop a view, no decode
+                    crop_into(pixels(s[field], s.get(_SHAPE)), arr[len(keys)], box_of(rows[j]), flip=flips[j])
+                else:
+                    decode_into(s[field], arr[len(keys)], box_of(rows[j]), flip=flips[j])
             except _BAD_DATA as e:
                 if fail is None or isinstance(e, ConfigError):
                     raise

@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping
 
 from fastfeed._util import parse_duration
 from fastfeed.decode.cpu import normalize_image_size
-from fastfeed.decode.fields import is_image
+from fastfeed.formats.naming import holds_pixels
 from fastfeed.diagnosis.probes import (
     image_stats,
     read_samples,
@@ -127,8 +127,20 @@ def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex
     return index
 
 
+def _disk_free(index: DatasetIndex) -> int | None:
+    """Free bytes on the file system of a local dataset (where a raw-pixel copy would likely go); None if remote."""
+    import shutil
+
+    if not index.root or is_url(index.root):
+        return None
+    try:
+        return int(shutil.disk_usage(index.root).free)
+    except OSError:
+        return None
+
+
 def _has_images(index: DatasetIndex) -> bool:
-    return any(is_image(f) for f in index.fields)
+    return any(holds_pixels(f) for f in index.fields)
 
 
 # ---------------------------------------------------------------------- doctor()
@@ -230,7 +242,9 @@ def doctor(
                   fits_in_memory=sum(s.bytes for s in index.shards) <= memory_total() / 2, demand=demand,
                   step_time=step_time, stages=stages, profile=profile, images=images, balance=balance,
                   dali_skipped=dali_skip, load_average=load_average,
-                  small_dataset=small_dataset_note(index.num_samples, batch_size, world))
+                  small_dataset=small_dataset_note(index.num_samples, batch_size, world),
+                  num_samples=index.num_samples, stored_raw=index.store is not None,
+                  disk_free=_disk_free(index))
     findings, limiting, deliverable, input_bound, headroom = conclude(facts)
     result = _report(facts, index, findings, limiting, deliverable, input_bound, headroom, world, setting,
                      time.monotonic() - start, target_rate, step_time)

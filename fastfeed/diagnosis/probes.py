@@ -35,6 +35,7 @@ import numpy as np
 from fastfeed.decode.cpu import pick_image_field
 from fastfeed.diagnosis.report import Stage
 from fastfeed.errors import ConfigError
+from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource
 from fastfeed.storage.remote import _remote_chunks as chunks
@@ -283,6 +284,12 @@ def image_stats(samples: Sequence[dict[str, Any]], field: str | None = None) -> 
     for s in samples[:64]:
         f = field if field in s else pick_image_field([k for k in s if not k.startswith("__")])
         if f is None:
+            continue
+        if f == RAW_FIELD:  # stored pixels (pack --store raw): the shape from the index
+            shape = s.get("__shape__")
+            if shape:
+                sizes.append((shape[1], shape[0]))
+                nbytes.append(len(s[f]))
             continue
         try:
             with Image.open(io.BytesIO(s[f])) as im:

@@ -5,7 +5,10 @@ workers busy reading, busy decoding, idle, or absent with ``num_workers=0``), ch
 against the stages measured on their own: storage that must be read cold every epoch
 (remote shards without ``cache_dir``, or a dataset larger than half the memory) limits
 when it is slower than the loader; "decode" with fewer workers than cores, while decode
-on all cores would be 25% faster, is "workers".
+on all cores would be 25% faster, is "workers". When decode limits, the fixes include storing
+pixels instead of JPEGs (``pack --store raw``, or ``mixed:P`` when only part fits on the disk),
+with the disk it would take (from the images' mean pixels) and the storage rate the loader would
+then need.
 
 The verdict then compares what the pipeline delivers with the demand (samples/s of one
 rank's training step): at least 10% headroom is "not input-bound"; with ``num_workers=0``
@@ -39,6 +42,11 @@ MARGIN = 0.10
 MORE_WORKERS = 1.25
 #: Below this many timed batches the workers' idle share is noise (batches in flight at the ends).
 FEW_BATCHES = 4
+#: Images per CPU-second of the raw-pixel path over the JPEG path (RandomResizedCrop 224), as measured by
+#: ``benchmarks/loader_raw.py`` (benchmarks/RESULTS.md, "Raw-pixel shards"); used to predict the raw rate.
+RAW_GAIN = 2.5
+#: The disk a raw copy may take: at most this share of the free space.
+DISK_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class Facts:
     dali_skipped: str | None
     load_average: float | None = None
     small_dataset: str | None = None  # the batch is larger than the dataset per rank (the warning)
+    num_samples: int = 0
+    stored_raw: bool = False  # the dataset stores pixels already (pack --store raw|mixed:P)
+    disk_free: int | None = None  # free bytes where the dataset is (None: remote or unknown)
 
     def rate(self, key: str) -> float | None:
         s = self.stages.get(key)
@@ -176,13 +187,18 @@ def _storage(f: Facts) -> tuple[str, str]:
     return why, "; ".join(fixes)
 
 
-def _max_side(f: Facts) -> str | None:
+def _max_side_target(f: Facts) -> int | None:
+    """The ``pack --max-side`` worth suggesting (images 1.5x larger than twice the output), or None."""
     img, size = f.images, f.image_size
     if img is None or size is None:
         return None
-    target = max(256, 2 * max(size))
-    target = int(math.ceil(target / 64) * 64)
-    if img.longer_side < 1.5 * target:
+    target = int(math.ceil(max(256, 2 * max(size)) / 64) * 64)
+    return target if img.longer_side >= 1.5 * target else None
+
+
+def _max_side(f: Facts) -> str | None:
+    img, size, target = f.images, f.image_size, _max_side_target(f)
+    if img is None or size is None or target is None:
         return None
     scale = target / img.longer_side
     return (f"store smaller images: `fastfeed pack SRC DST --max-side {target}` (they average "
@@ -202,6 +218,39 @@ def _restarts(f: Facts) -> str | None:
             "built; these JPEGs have no restart markers): the same pixels, losslessly re-coded so each "
             "random crop decodes only its blocks (~1.4x images per CPU-second for RandomResizedCrop on "
             "ImageNet-sized JPEGs)")
+
+
+def _raw_store(f: Facts) -> str | None:
+    """``pack --store raw`` (or ``mixed:P``) when the CPU crops images and the disk has room for the pixels."""
+    img = f.images
+    if img is None or f.image_size is None or f.decode != "cpu" or f.stored_raw or not f.num_samples:
+        return None
+    side = _max_side_target(f)  # pixels as they would be stored with that --max-side
+    scale = 1.0 if side is None else side / img.longer_side
+    w, h = img.mean_width * scale, img.mean_height * scale
+    per_image = 3 * w * h
+    need = per_image * f.num_samples
+    cmd = "fastfeed pack SRC DST" + (f" --max-side {side}" if side else "")
+    room = None if f.disk_free is None else DISK_SHARE * f.disk_free
+    core = f.rate("decode_core")
+    rate = f.demand or (RAW_GAIN * f.rate("decode_all") if f.rate("decode_all") else None)
+    storage = "" if rate is None else (
+        f"; at {rate:,.0f} images/s the storage must then deliver ~{rate * per_image / 1e6:,.0f} MB/s "
+        "(when the shards do not stay in the page cache)")
+    gain = (f"~{RAW_GAIN:g}x the images per CPU-second (benchmarks/RESULTS.md, loader_raw)"
+            + (f", ~{RAW_GAIN * core:,.0f}/s per core" if core else ""))
+    disk = (f"~{format_bytes(need)} of disk for {f.num_samples:,} images of ~{w:,.0f}x{h:,.0f} "
+            f"({format_bytes(per_image)} each, {format_bytes(img.mean_bytes)} as JPEG now)")
+    if room is None or need <= room:
+        where = "" if room is None else f", {format_bytes(f.disk_free or 0)} free there"
+        return (f"trade disk for CPU: `{cmd} --store raw` stores pixels, so loading crops without "
+                f"decoding ({gain}); it takes {disk}{where}{storage}")
+    share = math.floor(10 * room / need) / 10
+    if share < 0.2:
+        return None
+    return (f"trade some disk for CPU: `{cmd} --store mixed:{share:g}` stores the {share:.0%} smallest images as "
+            f"pixels, which crop without decoding (all of them would take {disk}, more than the "
+            f"{format_bytes(f.disk_free or 0)} free there)")
 
 
 def _decode(f: Facts) -> tuple[str, str]:
@@ -231,6 +280,9 @@ def _decode(f: Facts) -> tuple[str, str]:
     restarts = _restarts(f)
     if restarts:
         fixes.append(restarts)
+    raw = _raw_store(f)
+    if raw:
+        fixes.append(raw)
     if f.demand and core:
         fixes.append(f"on the CPU, {f.demand:,.0f} samples/s needs ~{math.ceil(f.demand / core)} cores at "
                      f"{core:,.0f} per core; this host has {f.cores_per_rank} per rank")

@@ -29,8 +29,10 @@ Example:
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
-__all__ = ["IMAGE_EXTENSIONS", "field_ext", "is_hidden", "is_image", "is_metadata", "last_ext", "split_key"]
+__all__ = ["IMAGE_EXTENSIONS", "PREFERRED_IMAGE_FIELDS", "RAW_FIELD", "field_ext", "holds_pixels", "is_hidden", "is_image", "is_metadata",
+           "last_ext", "pick_image_field", "split_key"]
 
 # WebDataset's tar iterator skips these before making keys (its ``meta_prefix/suffix``).
 _META = re.compile(r"__[^/]*__($|/)")
@@ -44,6 +46,10 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     "jpg jpeg jpe jfif png apng gif bmp dib webp tif tiff ppm pgm pbm pnm tga ico "
     "jp2 j2k jpx jpc jpf j2c psd sgi rgb rgba bw pcx avif heic heif".split()
 )
+#: The field of an image stored as pixels (``pack --store raw``): uint8 RGB, height x width x 3, row-major
+#: (HWC), no header; the shape is in the index (``shapes.npy``). Not an image *file* extension: nothing
+#: but fastfeed's raw store writes it, and :func:`is_image` is False for it.
+RAW_FIELD = "rgb8"
 #: ``pack`` stores these aliases under one field name (``a.jpeg`` and ``a.jpg`` -> ``jpg``).
 _ALIASES = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "tiff": "tif"}
 
@@ -115,3 +121,33 @@ def field_ext(field: str) -> str:
     field = field.lower()
     head, dot, last = field.rpartition(".")
     return f"{head}{dot}{_ALIASES.get(last, last)}"
+
+
+def holds_pixels(field: str) -> bool:
+    """True for a field the CPU loader turns into ``"image"``: an image file or raw pixels (:data:`RAW_FIELD`).
+
+    Example:
+        >>> holds_pixels("jpg"), holds_pixels("rgb8"), holds_pixels("txt")
+        (True, True, False)
+    """
+    return field == RAW_FIELD or is_image(field)
+
+
+#: The image fields :func:`pick_image_field` prefers, in order.
+PREFERRED_IMAGE_FIELDS = (RAW_FIELD, "jpg", "jpeg", "png", "webp")
+
+
+def pick_image_field(fields: Iterable[str]) -> str | None:
+    """The field the CPU loader decodes as ``"image"`` (and ``pack --store raw`` stores as pixels):
+    rgb8 (raw pixels), jpg, jpeg, png, webp first, then the first image field by name.
+
+    Example:
+        >>> pick_image_field(["cls", "png", "jpg"]), pick_image_field(["txt"]), pick_image_field(["rgb8"])
+        ('jpg', None, 'rgb8')
+    """
+    fields = list(fields)
+    for ext in PREFERRED_IMAGE_FIELDS:
+        if ext in fields:
+            return ext
+    images = sorted(f for f in fields if is_image(f))
+    return images[0] if images else None

@@ -391,6 +391,8 @@ def loader(
     elif options.seq_len is None:  # seq_len: TokenBatches checks that one window of tokens fits
         options.check_fits(sources.spec.epoch_samples)
     if options.decode == "dali":
+        for index in sources.indexes:
+            check_encoded(index)
         return dali_loader(sources.indexes, options, sources.spec, sources.names)
     return _cpu_loader(sources, options)
 
@@ -436,6 +438,21 @@ def _cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
         log_every=o.log_every, workers_from=workers_from, cursor=cursor,
         reuse_buffers=o.reuse_buffers and o.seq_len is None,
     )
+
+
+def check_encoded(index: DatasetIndex) -> None:
+    """``decode="dali"`` decodes image files on the GPU; a dataset of raw pixels (``pack --store raw``) has none.
+
+    Raises:
+        ConfigError: the dataset stores images as pixels, with the two ways out.
+    """
+    if index.store is None:
+        return
+    where = index.root or "this dataset"
+    raise ConfigError(f"{where}: decode='dali' decodes image files on the GPU, and this dataset stores its images as "
+                      f"pixels (packed with --store {index.options.get('store', index.store.get('mode'))}); load it "
+                      "with decode='cpu' (no decode needed: a crop and a resize per image), or re-pack it with "
+                      "`fastfeed pack SRC DST --store jpeg` for DALI")
 
 
 def check_whole_dataset(sources: Sources, o: LoaderOptions) -> None:

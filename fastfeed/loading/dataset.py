@@ -42,7 +42,7 @@ from fastfeed.decode import bufpool
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.collate import one_storage
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
-from fastfeed.decode.fields import is_image
+from fastfeed.formats.naming import holds_pixels
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.elastic import Stage
@@ -155,7 +155,7 @@ class ShardBatches(IterableDataset):
                 try:
                     if s != at:
                         reader, at = src.reader(s), s
-                    got[where[j]] = reader.read(off, size)
+                    got[where[j]] = src.attach_shape(reader.read(off, size), int(ids[where[j]]))
                 except SampleError as e:
                     self._fail(skipped, sample_error(src, s, off, "", e))
         kept = [j for j, g in enumerate(got) if g is not None]
@@ -212,7 +212,7 @@ def _empty_entries(sources: Sequence[ShardSource], decoder: Decoder) -> tuple[st
     for src in sources:
         fields.update(dict.fromkeys(src.index.fields))
     cpu = isinstance(decoder, CpuDecoder)
-    out = [f for f in fields if not (cpu and (is_image(f) or f == "cls"))]
+    out = [f for f in fields if not (cpu and (holds_pixels(f) or f == "cls"))]
     if all(src.index.labels is not None for src in sources) or (cpu and "cls" in fields):
         out.append("label")
     return tuple(out)
@@ -266,7 +266,7 @@ class ShardDataset(Dataset):
         s, off, size = int(shards[0]), int(locs[0, 0]), int(locs[0, 1])
         key = ""
         try:
-            sample = self.source.read_at(s, off, size)
+            sample = self.source.read_at(s, off, size, i)
             key = sample.get("__key__", "")
             labels = self.source.index.labels
             label = None if labels is None else int(labels[i])

@@ -4,7 +4,8 @@
 with its recorded size and sha256, every sample parses and its key is unique, the
 offsets in ``offsets.npy`` point at the samples (tar) or records (LMDB), each tar's DALI
 index matches its members, labels match the ``cls`` members, lengths and ``skipped.txt``
-agree with the index, and every image decodes. It collects problems instead of stopping
+agree with the index, every image decodes, and every image stored as pixels (``rgb8``,
+``pack --store raw``) has the bytes its shape in ``shapes.npy`` says. It collects problems instead of stopping
 at the first one.
 
 Example:
@@ -28,7 +29,7 @@ import numpy as np
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.formats import FORMATS
 from fastfeed.formats.images import decode_error
-from fastfeed.formats.naming import is_image, split_key
+from fastfeed.formats.naming import RAW_FIELD, is_image, split_key
 from fastfeed.formats.wds import scan_tar
 from fastfeed.host import cpu_count
 from fastfeed.packed.index import DatasetIndex, ShardInfo
@@ -123,6 +124,7 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
         "index_version": idx.version,
         "fingerprint": idx.fingerprint,
         "foreign": is_foreign(idx),
+        "store": _store_info(idx, int(sizes.sum())),
     }
     if out["foreign"]:
         out["note"] = FOREIGN_NOTE.format(src=dst)
@@ -144,6 +146,18 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
         out["tokenizer"] = {**dict(idx.tokenizer), "total_tokens": None if out["lengths"] is None
                             else out["lengths"]["total"]}
     return out
+
+
+def _store_info(idx: DatasetIndex, total: int) -> dict[str, Any]:
+    """How images are stored, and the disk that costs: ``{"mode": "jpeg"}``, or for raw pixels the
+    index's ``store`` entry plus ``bytes`` (on disk) and ``bytes_as_jpeg`` (the same shards holding
+    the image files the pixels were decoded from instead)."""
+    if idx.store is None:
+        return {"mode": "jpeg"}
+    st = dict(idx.store)
+    st["bytes"] = total
+    st["bytes_as_jpeg"] = total - int(st.get("raw_bytes", 0)) + int(st.get("encoded_bytes", 0))
+    return st
 
 
 def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool = True,
@@ -171,6 +185,7 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
         offsets = np.asarray(idx.offsets)
         labels = None if idx.labels is None else np.asarray(idx.labels)
         lengths = None if idx.lengths is None else np.asarray(idx.lengths)
+        shapes = None if idx.shapes is None else np.asarray(idx.shapes)
     except FastfeedError as e:
         report.problems.append(str(e))
         return report
@@ -183,7 +198,8 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
     for s, info_ in enumerate(idx.shards):
         a, b = int(starts[s]), int(starts[s + 1])
         jobs.append((idx.root if foreign else str(dst), idx.format, info_, offsets[a:b].copy(),
-                     None if labels is None else labels[a:b].copy(), decode, foreign))
+                     None if labels is None else labels[a:b].copy(), decode, foreign,
+                     None if shapes is None else shapes[a:b].copy()))
     if workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
 
@@ -234,13 +250,13 @@ def _check_skipped(root: Path, idx: DatasetIndex) -> list[str]:
     return []
 
 
-def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None, bool, bool]
+def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None, bool, bool, np.ndarray | None]
                   ) -> tuple[list[str], list[str], int, int]:
     """Check one shard: (problems, keys in order, images decoded, bytes).
 
     A foreign tar (no fastfeed index) has no checksum or DALI index to compare: its
     members are read and its images decoded."""
-    root, fmt, shard, offsets, labels, decode, foreign = job
+    root, fmt, shard, offsets, labels, decode, foreign, shapes = job
     path = Path(root) / shard.name
     problems: list[str] = []
 
@@ -275,6 +291,8 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
                 cls = _int_or_none(sample["cls"])
                 if cls is not None and cls != labels[i]:
                     problem(f"sample {key!r}: cls member {cls} but labels.npy says {labels[i]}; re-pack")
+            if shapes is not None or RAW_FIELD in sample:
+                images += _check_pixels(sample, None if shapes is None or i >= len(shapes) else shapes[i], problem)
             if decode:
                 for name, data in sample.items():
                     if name != "__key__" and is_image(name):
@@ -292,6 +310,23 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
         for text in _check_dali_index(Path(root), shard, path):
             problem(text)
     return problems, keys, images, size
+
+
+def _check_pixels(sample: dict[str, Any], shape: np.ndarray | None, problem: Callable[[str], None]) -> int:
+    """Check a sample's raw pixels against its row of ``shapes.npy``; returns 1 when it holds pixels."""
+    key, data = sample["__key__"], sample.get(RAW_FIELD)
+    if shape is None:
+        problem(f"sample {key!r}: field {RAW_FIELD} (raw pixels) but the index has no shapes.npy; re-pack")
+        return 1
+    h, w = int(shape[0]), int(shape[1])
+    if data is None:
+        if h or w:
+            problem(f"sample {key!r}: shapes.npy says {h}x{w} pixels but it has no field {RAW_FIELD}; re-pack")
+        return 0
+    if len(data) != 3 * h * w or not h * w:
+        problem(f"sample {key!r}: field {RAW_FIELD} holds {len(data)} bytes, its shape {h}x{w} (shapes.npy) needs "
+                f"{3 * h * w}; the shard is damaged or does not match its index: restore it or re-pack")
+    return 1
 
 
 def _decode_fix(foreign: bool) -> str:

@@ -8,6 +8,13 @@ A packed dataset is a folder (or an object-store prefix) holding shards plus::
                     record number and 0 (LMDB)
     labels.npy      int64 (N,), optional: class index per sample (-1 when none)
     lengths.npy     int64 (N,), optional: per-sample length (``pack --length``)
+    shapes.npy      int32 (N, 2), with ``pack --store raw|mixed:P`` only: per sample the (height,
+                    width) of its raw pixels (field ``rgb8``), (0, 0) for a sample stored as JPEG
+
+A dataset whose images are stored as pixels has a ``"store"`` entry in ``index.json`` and
+index version 2 (:data:`INDEX_VERSION`), so a fastfeed that predates raw pixels refuses it with
+:class:`~fastfeed.errors.IndexVersionError` instead of misreading it; datasets of encoded
+images keep writing version 1 (:data:`JPEG_INDEX_VERSION`), which every fastfeed reads.
 
 ``index.json`` holds the format version, the shard format, the fastfeed version, the
 sample count, the fields (extensions), class names, per shard its file name, sample
@@ -37,18 +44,25 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fastfeed.errors import IndexMismatchError, IndexVersionError
-from fastfeed.packed.layout import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME
+from fastfeed.packed.layout import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME, SHAPES_NAME
 from fastfeed.storage.remote import exists, is_url, read_bytes
 
 __all__ = [
     "INDEX_NAME",
     "INDEX_VERSION",
+    "JPEG_INDEX_VERSION",
+    "READ_VERSIONS",
     "DatasetIndex",
     "ShardInfo",
     "atomic_write_bytes",
 ]
 
-INDEX_VERSION = 1
+#: The newest index version: 2 adds images stored as pixels (``"store"``, ``shapes.npy``).
+INDEX_VERSION = 2
+#: The version written for datasets without raw pixels (unchanged, so older fastfeeds still read them).
+JPEG_INDEX_VERSION = 1
+#: The versions this fastfeed reads.
+READ_VERSIONS = (1, 2)
 FORMATS = ("tar", "lmdb")
 
 
@@ -112,8 +126,11 @@ class DatasetIndex:
     #: ``pack --tokenizer``: ``{"sha256", "vocab_size", "pad_id", "dtype", "field", "tokens"}``
     #: (``pad_id`` is the loader's default padding value; ``tokens`` the field of stored ids or None).
     tokenizer: Mapping[str, Any] | None = None
+    #: ``pack --store raw|mixed:P``: ``{"mode": "raw"|"mixed", "share", "field", "raw_samples",
+    #: "raw_bytes", "encoded_bytes"}`` (see :mod:`fastfeed.packing.pixels`); None: encoded images only.
+    store: Mapping[str, Any] | None = None
     has_labels: bool = False
-    version: int = INDEX_VERSION
+    version: int = JPEG_INDEX_VERSION
     fastfeed_version: str = ""
     root: str = ""
     #: fsspec options (endpoint, credentials) for a remote ``root``; used to read the sidecars.
@@ -150,6 +167,12 @@ class DatasetIndex:
         """int64 (N,) per-sample lengths recorded by ``pack --length``, or None."""
         return self._array(LENGTHS_NAME) if self.lengths_field else None
 
+    @property
+    def shapes(self) -> np.ndarray | None:
+        """int32 (N, 2) (height, width) of each sample's raw pixels ((0, 0): stored encoded), or
+        None when the dataset stores no pixels (``pack --store jpeg``)."""
+        return self._array(SHAPES_NAME) if self.store is not None else None
+
     def locate(self, i: int) -> tuple[int, int, int]:
         """Return (shard number, offset, size) of global sample ``i``."""
         if not 0 <= i < self.num_samples:
@@ -178,9 +201,12 @@ class DatasetIndex:
         offsets: np.ndarray,
         labels: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
+        shapes: np.ndarray | None = None,
     ) -> "DatasetIndex":
         """Return a copy holding the given sidecar arrays (for :meth:`save`)."""
         arrays = {OFFSETS_NAME: np.asarray(offsets, dtype=np.int64).reshape(-1, 2)}
+        if shapes is not None:
+            arrays[SHAPES_NAME] = np.asarray(shapes, dtype=np.int32).reshape(-1, 2)
         if labels is not None:
             arrays[LABELS_NAME] = np.asarray(labels, dtype=np.int64)
         if lengths is not None:
@@ -213,7 +239,7 @@ class DatasetIndex:
     # ------------------------------------------------------------------ I/O
     def to_json(self) -> dict[str, Any]:
         return {
-            "fastfeed_index": self.version,
+            "fastfeed_index": INDEX_VERSION if self.store is not None else JPEG_INDEX_VERSION,
             "format": self.format,
             "fastfeed_version": self.fastfeed_version,
             "num_samples": self.num_samples,
@@ -228,6 +254,7 @@ class DatasetIndex:
             "skipped": [dict(s) for s in self.skipped],
             "shards": [s.to_json() for s in self.shards],
             **({"tokenizer": dict(self.tokenizer)} if self.tokenizer is not None else {}),
+            **({"store": dict(self.store)} if self.store is not None else {}),
         }
 
     def _array_names(self) -> list[str]:
@@ -236,6 +263,8 @@ class DatasetIndex:
             names.append(LABELS_NAME)
         if self.lengths_field:
             names.append(LENGTHS_NAME)
+        if self.store is not None:
+            names.append(SHAPES_NAME)
         return sorted(names)
 
     def save(self, root: str | os.PathLike[str]) -> Path:
@@ -257,12 +286,16 @@ class DatasetIndex:
     def from_json(cls, d: Mapping[str, Any], root: str = "") -> "DatasetIndex":
         where = join(root, INDEX_NAME) if root else INDEX_NAME
         version = d.get("fastfeed_index")
-        if version != INDEX_VERSION:
+        if version not in READ_VERSIONS:
             raise IndexVersionError(
-                f"{where}: index format version {version!r}, this fastfeed reads version "
-                f"{INDEX_VERSION}; re-pack with `fastfeed pack --overwrite` or install the "
+                f"{where}: index format version {version!r}, this fastfeed reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))}; re-pack with `fastfeed pack --overwrite` or install the "
                 "fastfeed version that wrote it"
             )
+        store = d.get("store")
+        if (store is not None) != (version >= 2):
+            raise IndexMismatchError(f"{where}: index version {version} {'without' if store is None else 'with'} "
+                                     "a \"store\" entry; the index is corrupt, re-run `fastfeed pack`")
         fmt = d.get("format")
         if fmt not in FORMATS:
             raise IndexMismatchError(f"{where}: unknown shard format {fmt!r} (expected tar or lmdb)")
@@ -278,6 +311,7 @@ class DatasetIndex:
             skipped=tuple(d.get("skipped", ())),
             lengths_field=d.get("lengths_field"),
             tokenizer=None if d.get("tokenizer") is None else dict(d["tokenizer"]),
+            store=None if store is None else dict(store),
             has_labels=bool(d.get("has_labels", False)),
             version=int(version),
             fastfeed_version=str(d.get("fastfeed_version", "")),

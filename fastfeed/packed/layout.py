@@ -7,6 +7,7 @@ removes exactly the files :data:`OWN_FILE` matches (nothing else in DST)::
     shard-000000.idx         DALI's index of each tar shard
     offsets.npy              sidecar arrays of the index (see fastfeed.packed.index)
     labels.npy, lengths.npy  optional sidecars
+    shapes.npy               per-sample (height, width) of raw pixels (``pack --store raw|mixed:P``)
     skipped.txt              the inputs ``pack`` left out, one per line
     index.json               written last: the dataset is complete iff it exists
     .fastfeed-pack/          resume records of an unfinished ``pack`` (job.json, one per shard)
@@ -30,6 +31,7 @@ __all__ = [
     "OFFSETS_NAME",
     "OWN_FILE",
     "RESUME_DIR",
+    "SHAPES_NAME",
     "SIDECARS",
     "SKIPPED_NAME",
     "dali_index_name",
@@ -41,7 +43,8 @@ INDEX_NAME = "index.json"
 OFFSETS_NAME = "offsets.npy"
 LABELS_NAME = "labels.npy"
 LENGTHS_NAME = "lengths.npy"
-SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME)
+SHAPES_NAME = "shapes.npy"
+SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME)
 SKIPPED_NAME = "skipped.txt"
 #: Folder of an unfinished ``pack``'s resume records; removed when the index is written.
 RESUME_DIR = ".fastfeed-pack"
@@ -50,7 +53,7 @@ JOB_RECORD = f"{RESUME_DIR}/job.json"
 #: Files fastfeed writes into DST (``--overwrite`` removes these and nothing else).
 OWN_FILE = re.compile(
     r"^(shard-\d{6,}\.(tar|lmdb|idx)(\.\d+\.tmp)?|index\.json|offsets\.npy|labels\.npy|"
-    r"lengths\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
+    r"lengths\.npy|shapes\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
 )
 
 

@@ -7,7 +7,9 @@ them (reopened after a fork, a bounded number kept open): tar samples by ``(offs
 ``index.offsets`` with :class:`~fastfeed.formats.tar_reader.FastTarReader`, LMDB samples
 by record number, URLs through :func:`fastfeed.storage.remote.open_shard` (``cache_dir`` for a
 shared local cache). A shard whose size or record count does not match the index is an
-error when it is opened.
+error when it is opened. A sample holding raw pixels (field ``rgb8``, ``pack --store raw``)
+gets its ``(height, width)`` from ``shapes.npy`` as its ``"__shape__"`` entry, when it is
+read by its global number.
 
 Example:
     >>> reader = DatasetReader(resolve_index("/data/imagenet-ff"))  # doctest: +SKIP
@@ -31,6 +33,7 @@ from fastfeed.errors import (
     ShardError,
 )
 from fastfeed.formats.lmdb import LmdbShardReader
+from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar_reader import FastTarReader
 from fastfeed.packed.foreign import open_index
 from fastfeed.packed.index import DatasetIndex
@@ -166,7 +169,8 @@ class DatasetReader:
                     f"{url}: {size} bytes but the index says {info.bytes}; the shard was truncated "
                     "or replaced after packing. Restore it, or re-run `fastfeed pack`"
                 )
-        return FastTarReader(src, name=url)
+        # raw pixels: read through a memory map, so a crop touches only its rows (no copy per sample)
+        return FastTarReader(src, name=url, use_mmap=self.index.store is not None)
 
     def _local_copy(self, url: str, size: int, sha256: str) -> str:
         if not is_url(url):
@@ -192,10 +196,22 @@ class DatasetReader:
     def read(self, i: int) -> dict[str, Any]:
         """Global sample ``i`` as ``{"__key__": ..., field: bytes}``."""
         shards, locs = self.locate(np.array([i]))
-        return self.read_at(int(shards[0]), int(locs[0, 0]), int(locs[0, 1]))
+        return self.read_at(int(shards[0]), int(locs[0, 0]), int(locs[0, 1]), i)
 
-    def read_at(self, s: int, offset: int, size: int) -> dict[str, Any]:
-        return self.reader(s).read(offset, size)
+    def read_at(self, s: int, offset: int, size: int, i: int | None = None) -> dict[str, Any]:
+        """The sample at ``offset`` (tar) or record ``offset`` (LMDB) of shard ``s``; with its global
+        number ``i``, a raw-pixel sample also gets its ``"__shape__"`` (height, width)."""
+        sample = self.reader(s).read(offset, size)
+        return sample if i is None else self.attach_shape(sample, i)
+
+    def attach_shape(self, sample: dict[str, Any], i: int) -> dict[str, Any]:
+        """``sample`` (global number ``i``) with its ``"__shape__"`` (height, width) when it
+        holds raw pixels (the shape is in the index, not in the sample)."""
+        if RAW_FIELD in sample:
+            shapes = self.index.shapes
+            if shapes is not None:
+                sample["__shape__"] = (int(shapes[i, 0]), int(shapes[i, 1]))
+        return sample
 
     def will_need(self, ids: np.ndarray) -> None:
         """Hint that samples ``ids`` are read soon: local tar shards start reading them in

@@ -78,6 +78,7 @@ def pack(
     on_error: str = "raise",
     overwrite: bool = False,
     jpeg_restarts: bool | None = None,
+    store: str = "jpeg",
     progress: Progress | None = None,
     engine: str = "local",
     ray_address: str | None = None,
@@ -135,6 +136,13 @@ def pack(
             longer. Needs the C extension ``fastfeed._jpegroi``. ``None`` (the default):
             on when the extension is built, else off with one warning; ``False`` stores
             the source bytes unchanged.
+        store: ``jpeg`` (images stored as they are), ``raw`` (each sample's image decoded now and
+            stored as uint8 pixels in the field ``rgb8``, its shape in ``shapes.npy``: the loader
+            then crops without decoding, for ~10x the disk of ImageNet-sized JPEGs; with
+            ``max_side`` the longer side is bounded first) or ``mixed:P`` (the share ``P`` of the
+            images with the fewest pixels stored raw, the rest as JPEG). See
+            :mod:`fastfeed.packing.pixels` for exactly which images, and the guide's section
+            "Raw pixels: trade disk for CPU". Folder, manifest and WebDataset sources only.
         progress: callback ``(files_done, files_total, bytes_done, bytes_total)``.
         engine: ``local`` (processes on this machine, ``workers`` of them) or ``ray``
             (one Ray task per shard on a cluster, the same bytes; see
@@ -153,6 +161,7 @@ def pack(
     Example:
         >>> import fastfeed
         >>> idx = fastfeed.pack("train", "train-ff", samples_per_shard=1000, workers=4)  # doctest: +SKIP
+        >>> raw = fastfeed.pack("train", "train-raw", store="raw", max_side=256)           # doctest: +SKIP
     """
     on_error = check_on_error(on_error)  # here, so that a FutureWarning points at the caller
     options: dict[str, Any] = dict(
@@ -160,7 +169,7 @@ def pack(
         samples_per_shard=samples_per_shard, workers=workers, shuffle=shuffle, seed=seed,
         max_side=max_side, quality=quality, length=length, on_error=on_error, overwrite=overwrite,
         columns=columns, key=key, tokenizer=tokenizer, tokenize=tokenize,
-        jpeg_restarts=jpeg_restarts,
+        jpeg_restarts=jpeg_restarts, store=store,
     )
     # engines and object-store destinations (issue: pack on Ray)
     if engine not in ("local", "ray"):

@@ -1,6 +1,7 @@
 """Step 3 of packing: :func:`finalize` writes the index of the shards that were written.
 
-The sidecars (``offsets.npy``, ``labels.npy``, ``lengths.npy``), ``skipped.txt`` and, last
+The sidecars (``offsets.npy``, ``labels.npy``, ``lengths.npy``, ``shapes.npy`` with ``--store raw``),
+``skipped.txt`` and, last
 and atomically, ``index.json``: the dataset is complete iff ``index.json`` exists. Then the
 resume records and the files of older plans are removed.
 
@@ -21,9 +22,10 @@ import numpy as np
 
 from fastfeed import __version__
 from fastfeed.errors import EmptySourceError, IndexMismatchError
-from fastfeed.packed.index import DatasetIndex, ShardInfo, atomic_write_bytes
+from fastfeed.packed.index import INDEX_VERSION, JPEG_INDEX_VERSION, DatasetIndex, ShardInfo, atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SKIPPED_NAME
 from fastfeed.packing.dest import remove_own_files
+from fastfeed.packing.pixels import summary
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import show
 from fastfeed.packing.write import ShardResult
@@ -76,6 +78,11 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
     lengths = None
     if plan.lengths_field:
         lengths = np.array([x for r in keep for x in (r.lengths or [])], dtype=np.int64)
+    mode, share = plan.options.store_mode
+    shapes = store = None
+    if mode != "jpeg":
+        shapes = np.array([hw for r in keep for hw in r.shapes], dtype=np.int32).reshape(-1, 2)
+        store = summary(mode, share, keep)
     index = DatasetIndex(
         format=plan.options.format,
         num_samples=num,
@@ -87,8 +94,10 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         skipped=tuple(skipped),
         lengths_field=plan.lengths_field,
         tokenizer=plan.tokens.index_meta() if plan.tokens is not None else None,
+        store=store,
+        version=INDEX_VERSION if store is not None else JPEG_INDEX_VERSION,
         fastfeed_version=__version__,
-    ).with_arrays(offsets=offsets, labels=labels, lengths=lengths)
+    ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes)
     index.save(dst)
     own = [r.name for r in keep] + [r.dali_index for r in keep if r.dali_index]
     cleanup(plan, keep=own + index.to_json()["arrays"] + ([SKIPPED_NAME] if skipped else []))

@@ -5,7 +5,8 @@ another engine can route it elsewhere (fsspec) without touching the rest.
 :func:`load_samples` yields the samples of a shard in order, with the reads of the next
 ones already under way (``posix_fadvise`` locally, reader threads on object storage);
 a bad input is a :class:`Problem` that the writer raises or records (``on_error``).
-Images are checked, and re-encoded for ``max_side`` / ``jpeg_restarts``, by :func:`check_image`.
+Images are checked, and re-encoded for ``max_side`` / ``jpeg_restarts``, by :func:`check_image`;
+an image stored as pixels (``--store raw``) is decoded by :func:`raw_image` instead.
 
 Example:
     >>> import tempfile
@@ -25,6 +26,7 @@ from typing import Any, Iterator
 
 from fastfeed.decode import roi
 from fastfeed.decode.fields import decode_field
+from fastfeed.decode.raw import to_pixels
 from fastfeed.errors import BadFileError, SampleError, SourceError
 from fastfeed.formats.images import (
     decode_errors,
@@ -32,7 +34,8 @@ from fastfeed.formats.images import (
     looks_like_image,
     reencode,
 )
-from fastfeed.formats.naming import is_image
+from fastfeed.formats.naming import RAW_FIELD, is_image
+from fastfeed.packing.pixels import Pixels, image_member
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.source import (
     Member,
@@ -45,7 +48,7 @@ from fastfeed.packing.srcurl import read as read_url
 from fastfeed.packing.stream import LENGTH_TEXT_EXTS, length_of_value
 from fastfeed.storage.remote import is_url
 
-__all__ = ["IO_THREADS", "READAHEAD", "Problem", "check_image", "load_samples", "read_source"]
+__all__ = ["IO_THREADS", "READAHEAD", "Problem", "check_image", "load_samples", "raw_image", "read_source"]
 
 #: Local sources: samples whose files are opened and read ahead by the kernel (``load_samples``).
 READAHEAD = 32
@@ -116,13 +119,15 @@ def _json_value(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
-                 ) -> tuple[dict[str, bytes], int, int]:
+def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None, raw: bool = False
+                 ) -> tuple[dict[str, Any], int, int]:
     """Read one sample's members (using files ``fds`` already opened by ``load_samples``);
-    returns (fields, files read, bytes read)."""
-    fields: dict[str, bytes] = {}
+    returns (fields, files read, bytes read). With ``raw``, its image is decoded into
+    :data:`~fastfeed.formats.naming.RAW_FIELD` (a :class:`~fastfeed.packing.pixels.Pixels`)."""
+    fields: dict[str, Any] = {}
     files = nbytes = 0
     record: dict[str, Any] | None = None
+    pixel_member = image_member(spec) if raw else None
     for m in spec.members:
         if m.path is not None:
             where = m.path
@@ -138,6 +143,9 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
                                "fix or remove the file, or pass --on-error skip") from None
             files += 1
             nbytes += len(data)
+            if m is pixel_member:
+                fields[RAW_FIELD] = raw_image(plan, m._replace(path=where), data)
+                continue
             if is_image(m.field):
                 data = check_image(plan, m._replace(path=where), data)
         elif m.data is not None:
@@ -188,6 +196,26 @@ def check_image(plan: PackPlan, m: Member, data: bytes) -> bytes:
     if opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff":
         data = _with_restarts(data)
     return data
+
+
+def raw_image(plan: PackPlan, m: Member, data: bytes) -> Pixels:
+    """An image file decoded for ``--store raw`` (:func:`fastfeed.decode.raw.to_pixels`, ``max_side`` applied).
+
+    Raises:
+        Problem: not an image, a truncated JPEG, or an image that does not decode.
+    """
+    if not looks_like_image(data[:32], m.field):
+        raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
+                       f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
+    if (why := jpeg_truncated(data)) is not None:
+        raise Problem(BadFileError, m.path or "", why, "copy or download the file again, remove it, "
+                      "or pass --on-error skip")
+    try:
+        arr = to_pixels(data, plan.options.max_side)
+    except SampleError as e:
+        raise Problem(BadFileError, m.path or "", f"{e} for --store {plan.options.store}",
+                      "fix or remove the file, or pass --on-error skip") from None
+    return Pixels(arr, len(data))
 
 
 def _with_restarts(data: bytes) -> bytes:
@@ -245,10 +273,10 @@ def _label(plan: PackPlan, spec: SampleSpec, fields: dict[str, bytes]) -> int:
         return -1
 
 
-def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None
+def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = None, raw: bool = False
                      ) -> tuple[SampleSpec, Any]:
     try:
-        fields, files, nbytes = _load_sample(plan, spec, fds)
+        fields, files, nbytes = _load_sample(plan, spec, fds, raw)
         label = _label(plan, spec, fields)
         length = _length(plan, spec, fields) if plan.options.length and plan.tokens is None else None
         return spec, (fields, files, nbytes, label, length)
@@ -256,8 +284,10 @@ def _load_or_problem(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | Non
         return spec, p
 
 
-def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
-    """Load samples in order, with reads of the next ones already under way.
+def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...], raw: tuple[bool, ...] = ()
+                 ) -> Iterator[tuple[SampleSpec, Any]]:
+    """Load samples in order, with reads of the next ones already under way; ``raw[i]``: store the
+    image of ``samples[i]`` as pixels (empty: none).
 
     Local files: the files of the next :data:`READAHEAD` samples are opened and the
     kernel is asked to read them (``posix_fadvise(WILLNEED)``), so disk or network file
@@ -266,12 +296,13 @@ def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tu
     cache). Object storage:
     :data:`IO_THREADS` reader threads keep requests in flight.
     """
+    flags = raw or (False,) * len(samples)
     if is_url(plan.root):
-        yield from _loaded_threads(plan, samples)
+        yield from _loaded_threads(plan, samples, flags)
         return
     if not hasattr(os, "posix_fadvise"):
-        for spec in samples:
-            yield _load_or_problem(plan, spec)
+        for spec, r in zip(samples, flags):
+            yield _load_or_problem(plan, spec, raw=r)
         return
     fds: dict[str, int] = {}  # files opened ahead; reading one closes it
     try:
@@ -280,7 +311,7 @@ def load_samples(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tu
         for i, spec in enumerate(samples):
             if i + READAHEAD < len(samples):
                 _will_need(plan.root, samples[i + READAHEAD], fds)
-            yield _load_or_problem(plan, spec, fds)
+            yield _load_or_problem(plan, spec, fds, flags[i])
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -306,11 +337,13 @@ def _will_need(root: str, spec: SampleSpec, fds: dict[str, int]) -> None:
         fds[path] = fd
 
 
-def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...]) -> Iterator[tuple[SampleSpec, Any]]:
-    chunks = [samples[i:i + _CHUNK] for i in range(0, len(samples), _CHUNK)]
+def _loaded_threads(plan: PackPlan, samples: tuple[SampleSpec, ...], flags: tuple[bool, ...]
+                    ) -> Iterator[tuple[SampleSpec, Any]]:
+    pairs = list(zip(samples, flags))
+    chunks = [pairs[i:i + _CHUNK] for i in range(0, len(pairs), _CHUNK)]
 
-    def load_chunk(chunk: tuple[SampleSpec, ...]) -> list[tuple[SampleSpec, Any]]:
-        return [_load_or_problem(plan, s) for s in chunk]
+    def load_chunk(chunk: list[tuple[SampleSpec, bool]]) -> list[tuple[SampleSpec, Any]]:
+        return [_load_or_problem(plan, s, raw=r) for s, r in chunk]
 
     with ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fastfeed-read") as ex:
         window: deque = deque()

@@ -101,7 +101,7 @@ def run_local(
 
     With ``workers > 1``, shards are written by a pool of processes (see :func:`_context`
     for how they start); otherwise, or for small jobs (under :data:`POOL_MIN_BYTES`
-    of source data without ``max_side``), in this process. Returns results in shard order.
+    of source data without ``max_side``, ``jpeg_restarts`` or ``store``), in this process. Returns results in shard order.
     On an error the shards already complete stay on disk for the re-run.
     """
     total_files, total_bytes = plan.total_files, plan.total_bytes
@@ -115,7 +115,8 @@ def run_local(
 
     n = len(plan.shards)
     workers = max(1, min(workers, n))
-    if plan.options.max_side is None and not plan.options.jpeg_restarts and total_bytes < POOL_MIN_BYTES:
+    cheap = plan.options.max_side is None and not plan.options.jpeg_restarts and plan.options.store == "jpeg"
+    if cheap and total_bytes < POOL_MIN_BYTES:
         workers = 1  # starting processes would cost more than it saves
     if workers == 1:
         report(0, 0)

@@ -40,6 +40,7 @@ from fastfeed.packed.layout import dali_index_name, shard_name
 from fastfeed.packing.columns import LABEL_COLUMNS, parse_columns
 from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
 from fastfeed.packing.parquet import TableSource, scan_parquet
+from fastfeed.packing.pixels import image_member, parse_store, plan_raw, store_name
 from fastfeed.packing.source import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
 from fastfeed.packing.tableplan import (
     TokenPlan,
@@ -83,6 +84,13 @@ class PackOptions:
     on_error: str = "raise"
     overwrite: bool = False
     jpeg_restarts: bool = False  # create() resolves the default (on when fastfeed._jpegroi is built)
+    #: ``jpeg``, ``raw`` or ``mixed:P`` (canonical spelling; see :mod:`fastfeed.packing.pixels`)
+    store: str = "jpeg"
+
+    @property
+    def store_mode(self) -> tuple[str, float]:
+        """(``jpeg``/``raw``/``mixed``, share of images stored raw)."""
+        return parse_store(self.store)
 
     @classmethod
     def create(cls, *, input: str | None = None, format: str = "tar",
@@ -91,7 +99,8 @@ class PackOptions:
                columns: str | Mapping[str, str] | None = None, key: str | None = None,
                tokenizer: str | os.PathLike[str] | None = None, tokenize: str | None = None,
                max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool | None = None) -> "PackOptions":
+               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool | None = None,
+               store: str = "jpeg") -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
         if input in ("auto", ""):
             input = None
@@ -119,7 +128,12 @@ class PackOptions:
         if tokenize is not None and (not isinstance(tokenize, str) or not tokenize):
             raise ConfigError(f"tokenize={tokenize!r}: name the text field to tokenize, e.g. txt")
         check_token_options(None if tokenizer is None else os.fspath(tokenizer), tokenize, length)
-        jpeg_restarts = _jpeg_restarts(jpeg_restarts)
+        mode, share = parse_store(store)
+        if mode != "jpeg" and (table[0] is not None or table[1] is not None or tokenize is not None):
+            raise ConfigError(f"store={store!r} is for image folders, manifests and WebDataset tars; parquet/HF "
+                              "input (--columns/--key, --tokenize) stores its images encoded: drop --store")
+        # --store raw stores no JPEG (but a sample's other image fields): restart markers only when asked
+        jpeg_restarts = _jpeg_restarts(jpeg_restarts) if mode != "raw" or jpeg_restarts else False
         return cls(
             input=input, format=format, shard_size=size,
             samples_per_shard=None if samples_per_shard is None else int(samples_per_shard),
@@ -127,6 +141,7 @@ class PackOptions:
             max_side=None if max_side is None else int(max_side), quality=int(quality), length=length,
             columns=table[0], key=table[1], tokenizer=None if tokenizer is None else os.fspath(tokenizer),
             tokenize=tokenize, on_error=on_error, overwrite=bool(overwrite), jpeg_restarts=bool(jpeg_restarts),
+            store=store_name(mode, share),
         )
 
     def output_options(self) -> dict[str, Any]:
@@ -137,6 +152,7 @@ class PackOptions:
             "seed": self.seed, "max_side": self.max_side, "quality": self.quality,
             "length": self.length, "on_error": self.on_error,
             **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
+            **({"store": self.store} if self.store != "jpeg" else {}),
             **{k: v for k, v in (("columns", self.columns), ("key", self.key), ("tokenize", self.tokenize))
                if v is not None},
         }
@@ -215,6 +231,8 @@ class ShardPlan:
     samples: tuple[SampleSpec, ...]
     units: tuple[int, ...] = ()
     rows: int = 0
+    #: per sample, whether its image is stored as pixels (``--store raw|mixed:P``); empty: none is
+    raw: tuple[bool, ...] = ()
 
     @property
     def planned(self) -> int:
@@ -337,11 +355,18 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
     if opts.shuffle:
         perm = np.random.default_rng(opts.seed).permutation(len(samples))
         samples = [samples[i] for i in perm]
-    counts = shard_counts(len(samples), [_estimate(s, opts.format) for s in samples], opts)
+    sizes = [_estimate(s, opts.format) for s in samples]
+    mode, share = opts.store_mode
+    raw: list[bool] = []
+    if mode != "jpeg":  # which images are stored as pixels, and what they take (pixels.py)
+        raw, pixel_bytes = plan_raw(source.root, samples, mode, share, opts.max_side)
+        sizes = [n + _pixel_delta(s, b) if b else n for n, s, b in zip(sizes, samples, pixel_bytes)]
+    counts = shard_counts(len(samples), sizes, opts)
     suffix = FORMATS[opts.format][2]
     shards, start = [], 0
     for n, c in enumerate(counts):
-        shards.append(ShardPlan(n, shard_name(n, len(counts), suffix), tuple(samples[start:start + c])))
+        shards.append(ShardPlan(n, shard_name(n, len(counts), suffix), tuple(samples[start:start + c]),
+                                raw=tuple(raw[start:start + c])))
         start += c
     tokens = token_plan(tok, opts.tokenize, opts.length, _field_names(source) if tok is not None else {},
                         show(str(src_path)), columns=False)
@@ -373,6 +398,9 @@ def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -
     shown = "datasets.Dataset" if hf_object else show(os.fspath(src))
     if not hf_object and Path(src).is_dir():
         check_not_inside(Path(src).absolute(), dst)
+    if opts.store != "jpeg":
+        raise ConfigError(f"{shown}: store={opts.store!r} is for image folders, manifests and WebDataset tars; "
+                          "parquet/HF input stores its images encoded: drop --store (or pack the images from a folder)")
     table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
     table = split_units(table, opts.shard_size, opts.samples_per_shard)
     names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
@@ -447,6 +475,12 @@ def _estimate(s: SampleSpec, fmt: str) -> int:
     return total
 
 
+def _pixel_delta(s: SampleSpec, pixel_bytes: int) -> int:
+    """How much a sample grows when its image is stored as ``pixel_bytes`` of pixels."""
+    m = image_member(s)
+    return pixel_bytes - (m.size if m is not None else 0)
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -459,6 +493,8 @@ def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pill
                          source.manifest_sha256, *([tok.sha256] if tok is not None else [])], default=str).encode())
     for sh in shards:
         h.update(b"|shard")
+        if sh.raw:
+            h.update(bytes(sh.raw))
         for s in sh.samples:
             h.update(repr((s.key, s.label, [(m.field, m.path, m.size, m.data, m.json_key)
                                             + (() if m.offset is None else (m.offset,))

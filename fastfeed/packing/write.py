@@ -42,7 +42,9 @@ from fastfeed.formats.naming import is_image
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
+from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.packing.load import Problem, check_image, load_samples
+from fastfeed.packing.pixels import Pixels
 from fastfeed.packing.plan import RESTARTS_FIX, PackPlan, ShardPlan
 from fastfeed.packing.source import Member, show
 from fastfeed.packing.stream import Item, table_items, with_tokens
@@ -69,6 +71,10 @@ class ShardResult:
         fields: the member fields seen in this shard, sorted.
         dali_index, dali_sha256: the DALI index file next to a tar shard, or None.
         fingerprint: identity of the shard's inputs (for reuse on resume).
+        shapes: with ``--store raw|mixed:P``, per written sample the (height, width) of its
+            pixels, ``(0, 0)`` for one stored encoded; else empty.
+        raw_bytes, encoded_bytes: bytes of the pixels written, and of the image files they
+            were decoded from.
         files_read, bytes_read: source files and bytes read.
         reused: True when an earlier run's complete shard was kept.
     """
@@ -88,6 +94,9 @@ class ShardResult:
     fingerprint: str = ""
     files_read: int = 0
     bytes_read: int = 0
+    shapes: list[tuple[int, int]] = field(default_factory=list)
+    raw_bytes: int = 0
+    encoded_bytes: int = 0
     reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +106,7 @@ class ShardResult:
     def from_json(cls, d: dict[str, Any]) -> "ShardResult":
         d = dict(d)
         d["offsets"] = [(int(a), int(b)) for a, b in d["offsets"]]
+        d["shapes"] = [(int(a), int(b)) for a, b in d.get("shapes", ())]
         return cls(**d)
 
 
@@ -110,6 +120,8 @@ def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
         h.update(repr([plan.table.units[i] for i in shard.units]).encode("utf-8", "surrogateescape"))
     for s in shard.samples:
         h.update(repr((s.key, s.label, s.line, s.members)).encode("utf-8", "surrogateescape"))
+    if shard.raw:
+        h.update(b"|raw" + bytes(shard.raw))
     return h.hexdigest()
 
 
@@ -194,7 +206,7 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
 
 def _items(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
     """The planned samples of a folder / JSONL shard, loaded (bad ones raised or appended to ``skipped``)."""
-    for spec, loaded in load_samples(plan, shard.samples):
+    for spec, loaded in load_samples(plan, shard.samples, shard.raw):
         if isinstance(loaded, Problem):
             if plan.options.on_error != "skip":
                 raise loaded.error(plan.root)
@@ -234,10 +246,21 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         lengths: list[int] | None = [] if plan.lengths_field else None
         skipped: list[dict[str, str]] = []
         fields: set[str] = set()
+        stores_pixels = plan.options.store != "jpeg"
+        shapes: list[tuple[int, int]] = []
+        raw_bytes = encoded_bytes = 0
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
         items = _table_rows(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
         for item in with_tokens(plan, shard, items, skipped):
+            px = item.fields.get(RAW_FIELD) if stores_pixels else None
+            if isinstance(px, Pixels):  # an image decoded for --store raw: its bytes, its shape for the index
+                item = item._replace(fields={**item.fields, RAW_FIELD: px.array.tobytes()})
+                shapes.append((int(px.array.shape[0]), int(px.array.shape[1])))
+                raw_bytes += px.array.nbytes
+                encoded_bytes += px.encoded
+            elif stores_pixels:
+                shapes.append((0, 0))
             offsets.append(writer.add(item.key, item.fields))
             labels.append(item.label)
             if lengths is not None:
@@ -280,5 +303,5 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         number=shard.number, name=shard.name, samples=len(offsets), bytes=size, sha256=sha,
         offsets=offsets, labels=labels, lengths=lengths, skipped=skipped, fields=sorted(fields),
         dali_index=dali_name, dali_sha256=dali_sha, fingerprint=fingerprint, files_read=files,
-        bytes_read=nbytes,
+        bytes_read=nbytes, shapes=shapes, raw_bytes=raw_bytes, encoded_bytes=encoded_bytes,
     )

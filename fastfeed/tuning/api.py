@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from fastfeed._util import format_bytes, parse_duration, parse_size
-from fastfeed.decode.fields import is_image
+from fastfeed.formats.naming import holds_pixels
 from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count, memory_total
@@ -299,7 +299,7 @@ def tune(
     if plot is not None:
         require_plot(plot)  # before measuring for the whole budget
     index = resolve_index(path)  # what the loader accepts: a packed dataset, or WebDataset tars
-    chosen = resolve_defaults(has_images=any(is_image(f) for f in index.fields), batch_size=batch_size,
+    chosen = resolve_defaults(has_images=any(holds_pixels(f) for f in index.fields), batch_size=batch_size,
                               image_size=image_size, decode=decode)
     batch_size, image_size = chosen.batch_size, chosen.image_size
     if chosen.assumed:

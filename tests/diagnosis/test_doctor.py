@@ -177,6 +177,7 @@ def test_large_jpegs_are_decode_bound(heavy: Path) -> None:
     profile = report.stage("loader").figures["profile"]
     assert profile["decode_s"] > 2 * profile["read_s"]  # the workers' own timings say: decoding
     assert "--max-side" in report.verdict.fix and "decode='dali'" in report.verdict.fix
+    assert "--store raw" in report.verdict.fix and "MB/s" in report.verdict.fix  # disk to spare in tmp
     from fastfeed.decode import roi
 
     if roi.available():  # plain JPEGs: the restart-marker re-pack is suggested too

@@ -1,0 +1,67 @@
+"""Resizing a crop into a row of the batch buffer: the one resize of the JPEG and the raw-pixel paths.
+
+Pure numpy plus the OpenCV module passed in (no torch, so ``fastfeed.pack`` can use it too).
+
+Example:
+    >>> import cv2
+    >>> dst = np.empty((4, 4, 3), np.uint8)
+    >>> resize_into(cv2, np.full((10, 9, 3), 7, np.uint8), dst, flip=True)
+    >>> int(dst.min()), int(dst.max())
+    (7, 7)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["resize_into", "resize_into_pillow"]
+
+
+def resize_into(cv2: Any, crop: np.ndarray, dst: np.ndarray, flip: bool) -> None:
+    """Resize ``crop`` into ``dst`` with OpenCV (module ``cv2``), anti-aliased when shrinking 2x or more; flip.
+
+    While a side is at least twice the output, that side is halved by averaging pixel
+    pairs (an odd row count loses the last row, an odd column count the first column):
+    both sides with OpenCV's 2x2 ``INTER_AREA`` fast path, one side with
+    ``INTER_LINEAR`` at exactly 2x, which is the same pair average. What is left (< 2x)
+    is bilinear. That keeps ``INTER_AREA``'s anti-aliasing at a fraction of its cost at
+    other ratios (~1.3 ms vs ~0.45 ms for a 460x300 crop to 224x224 here). The JPEG and
+    the raw-pixel paths (:mod:`fastfeed.decode.raw`) both resize with it.
+
+    Example:
+        >>> import cv2
+        >>> dst = np.empty((2, 2, 3), np.uint8)
+        >>> resize_into(cv2, np.zeros((8, 8, 3), np.uint8), dst, flip=False)
+        >>> dst.shape
+        (2, 2, 3)
+    """
+    out_h, out_w = dst.shape[:2]
+    ch, cw = crop.shape[:2]
+    while ch >= 2 * out_h or cw >= 2 * out_w:
+        fy = 2 if ch >= 2 * out_h else 1
+        fx = 2 if cw >= 2 * out_w else 1
+        ty, tx = ch % fy, cw % fx
+        if ty or tx:
+            crop = crop[: ch - ty, tx: cw]  # one row at the bottom, one column at the left
+        ch, cw = ch // fy, cw // fx
+        interp = cv2.INTER_AREA if fy == fx == 2 else cv2.INTER_LINEAR
+        crop = cv2.resize(crop, (cw, ch), interpolation=interp)
+    cv2.resize(crop, (out_w, out_h), dst=dst, interpolation=cv2.INTER_LINEAR)
+    if flip:
+        cv2.flip(dst, 1, dst=dst)  # in place
+
+
+def resize_into_pillow(arr: np.ndarray, rel: tuple[float, float, float, float], dst: np.ndarray,
+                       flip: bool) -> None:
+    """The crop ``rel`` (fractions top, left, height, width) of ``arr`` resized into ``dst`` by Pillow
+    (bilinear), flipped; the path without OpenCV."""
+    from PIL import Image
+
+    H, W = arr.shape[:2]
+    out_h, out_w = dst.shape[:2]
+    box = (rel[1] * W, rel[0] * H, (rel[1] + rel[3]) * W, (rel[0] + rel[2]) * H)
+    im = Image.fromarray(arr).resize((out_w, out_h), Image.BILINEAR, box=box)
+    res = np.asarray(im)
+    dst[...] = res[:, ::-1] if flip else res
