@@ -166,7 +166,10 @@ _PLAIN_TYPES = (b"0", b"\0", b"7")
 _TERMINATORS = (0, 32)  # NUL or space after the octal digits
 
 
-def _parse_plain(buf: bytes) -> dict[str, Any] | None:
+_ZERO_BLOCK = bytes(BLOCK)
+
+
+def _parse_plain(buf: bytes | memoryview) -> dict[str, Any] | None:
     """The plain case, fast: every member one ustar/v7 header of a regular file (no pax, no
     GNU long name), with a name, an octal size and checksum in the usual spelling, a right
     (unsigned) checksum, and one key; zero blocks may end the span. None for anything else,
@@ -180,6 +183,7 @@ def _parse_plain(buf: bytes) -> dict[str, Any] | None:
     """
     n = len(buf)
     pos = 0
+    view = buf if type(buf) is memoryview else None  # a mapped shard: only raw pixels stay views
     fields: dict[str, Any] = {}
     key: str | None = None
     same: str | None = None  # key + ".", the start of the next members' names
@@ -187,7 +191,7 @@ def _parse_plain(buf: bytes) -> dict[str, Any] | None:
     while pos + BLOCK <= n:
         raw, size_f, chk, typ, magic = unpack(buf, pos)
         if not raw[0]:  # no name: the end-of-archive blocks, or something odd
-            if buf.count(0, pos, pos + BLOCK) == BLOCK:
+            if buf[pos:pos + BLOCK] == _ZERO_BLOCK:
                 break
             return None
         if (typ not in _PLAIN_TYPES or size_f[11] not in _TERMINATORS or chk[6] not in _TERMINATORS
@@ -200,7 +204,7 @@ def _parse_plain(buf: bytes) -> dict[str, Any] | None:
             return None  # past the span, or a bad checksum (or an old tar's signed sum): _parse tells
         member = raw.split(b"\0", 1)[0]
         if magic == b"ustar\0" and buf[pos + 345]:  # POSIX: a prefix field precedes the name
-            member = buf[pos + 345:pos + 500].split(b"\0", 1)[0] + b"/" + member
+            member = bytes(buf[pos + 345:pos + 500]).split(b"\0", 1)[0] + b"/" + member
         text = member.decode("utf-8", "surrogateescape")
         if same is not None and text.startswith(same) and "/" not in text[len(same):]:
             field = text[len(same):].lower()  # what split_key gives (see below), without its regexes
@@ -214,7 +218,7 @@ def _parse_plain(buf: bytes) -> dict[str, Any] | None:
             # (every candidate cut lies inside the key, and whether it fits depends on the key
             # alone); a dunder key is left to split_key (a name like "__a__.b__" is metadata).
             same = None if key.startswith("__") else key + "."
-        fields[field] = buf[start:end]
+        fields[field] = buf[start:end] if view is None or field == RAW_FIELD else bytes(view[start:end])
         pos = start + -(-size // BLOCK) * BLOCK
     if key is None:
         return None
@@ -225,7 +229,9 @@ def parse_sample(buf: bytes | memoryview, name: str = "<tar>", offset: int = 0) 
     """Parse the members of one sample's span; None when tarfile should do it instead.
 
     Plain ustar members (what ``fastfeed pack`` writes) take a fast path
-    (:func:`_parse_plain`) that gives the same dict; anything else the general one.
+    (:func:`_parse_plain`) that gives the same dict; anything else the general one. From a
+    ``memoryview`` (a memory-mapped shard) the raw-pixel field stays a view of it and the
+    other fields are copied to ``bytes``, on both paths.
 
     Raises:
         SampleError: the span is damaged or holds other than exactly one sample.
@@ -240,7 +246,7 @@ def parse_sample(buf: bytes | memoryview, name: str = "<tar>", offset: int = 0) 
         >>> parse_sample(out.getvalue()[:2048])
         {'__key__': 'k0', 'txt': b'hi', 'cls': b'1'}
     """
-    if type(buf) is bytes:
+    if type(buf) is bytes or type(buf) is memoryview:
         try:
             plain = _parse_plain(buf)
         except ValueError:

@@ -133,6 +133,9 @@ def test_plain_spans_take_the_fast_path_and_match_the_general_parser(tmp_path: P
     assert tar_reader._parse_plain(buf) == want
     got = parse_sample(buf)
     assert got == want and list(got) == list(want)  # the same fields in the same order
+    mapped = parse_sample(memoryview(buf))  # a memory-mapped shard: the same sample
+    assert {k: bytes(v) if isinstance(v, memoryview) else v for k, v in mapped.items()} == want
+    assert all(type(v) is bytes for k, v in mapped.items() if k not in ("__key__", "rgb8"))
 
 
 @pytest.mark.parametrize("case", sorted(OTHER))
