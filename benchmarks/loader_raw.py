@@ -57,6 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=2_000, help="images (copies of the real photos)")
+    p.add_argument("--source", type=Path, help="a folder of photos to replicate (default: shared/data/imagenet-sample; "
+                   "on the GPU machine: .dali-bench/imagenet-sample)")
     p.add_argument("--max-side", type=int, default=500, help="longer side of the stored pixels (all loaders)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--workers", type=int, default=min(2, cpu_count()), help="worker processes / FFCV threads")
@@ -76,8 +78,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------- data
-def _folder(n: int) -> Path:
-    return replicated_sample(n) if SHARED_SAMPLE.is_dir() else synth_image_folder(n)
+def _folder(n: int, source: Path | None = None) -> Path:
+    """``n`` copies of the real photos in ``source`` (default the shared sample), else synthetic JPEGs."""
+    src = source or SHARED_SAMPLE
+    return replicated_sample(n, src=src) if src.is_dir() else synth_image_folder(n)
 
 
 def _pack(folder: Path, store: str, max_side: int, per_shard: int) -> Path:
@@ -116,7 +120,7 @@ def _beton_raw(folder: Path, max_side: int) -> Path:
 
 
 def _prepare(args: argparse.Namespace, peers: list[str]) -> dict[str, Path]:
-    folder = _folder(args.images)
+    folder = _folder(args.images, args.source)
     per_shard = samples_per_shard(args.images, args.workers)
     data: dict[str, Path] = {"folder": folder}
     if "fastfeed-raw" in peers:
@@ -169,7 +173,10 @@ def _measure_one(name: str, data: dict[str, Path], s: Setup, steady: float) -> d
     warm(*built.files)
     load0 = os.getloadavg()[0]
     try:
-        m, cpu = measure_source(built.epoch, num_workers=s.workers, prefetch_factor=s.prefetch, steady_time=steady)
+        # bounded: with epochs of a few batches (2,000 images) the rate never settles to
+        # measure()'s tolerance, which then runs to its default limit (4 x steady + 180 s)
+        m, cpu = measure_source(built.epoch, num_workers=s.workers, prefetch_factor=s.prefetch, steady_time=steady,
+                                max_time=3 * steady + 30)
     finally:
         built.close()
     return {"measurement": m.to_json(with_times=True), "cpu_s_per_img": cpu, "what": built.what,
