@@ -358,9 +358,9 @@ def _decode_batch(k: int) -> tuple[int, float]:
     return (len(out["__key__"]) if "__key__" in out else batch), time.process_time() - cpu0
 
 
-def _pool_batches(pool: Any, processes: int, cpu: list[float]) -> Iterator[int]:
+def _pool_batches(pool: Any, processes: int, cpu: list[float], pending: deque[Any]) -> Iterator[int]:
     # one batch in flight per process: results arrive as they are made, not in bursts
-    pending = deque(pool.apply_async(_decode_batch, (k,)) for k in range(processes))
+    pending.extend(pool.apply_async(_decode_batch, (k,)) for k in range(processes))
     k = len(pending)
     while True:
         n, seconds = pending.popleft().get()
@@ -392,15 +392,35 @@ def decode_probe(decoder: Any, samples: list[dict[str, Any]], labels: np.ndarray
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     pool = ctx.Pool(processes, initializer=_init_decoder, initargs=(decoder, samples, labels, batch))
+    pending: deque[Any] = deque()  # the batches in flight
     try:
         pool.map(_warm_up, range(processes), chunksize=1)  # returns once the processes are started and warm
         cpu = [0.0, 0.0]  # samples, CPU seconds
         # five windows at most: results of several processes can arrive together, and a short
         # window over such a pair would time nothing
-        m = measure(_pool_batches(pool, processes, cpu), samples_of=int, num_workers=processes,
+        m = measure(_pool_batches(pool, processes, cpu, pending), samples_of=int, num_workers=processes,
                     prefetch_factor=1, settle=0.1, min_batches=8, min_time=0.5 * seconds, max_time=seconds,
                     windows=5)
         return m, (cpu[0] / cpu[1] if cpu[1] > 0 else 0.0)
     finally:
+        _stop_pool(pool, pending)
+
+
+def _stop_pool(pool: Any, pending: deque[Any], wait: float = 30.0) -> None:
+    """Let the batches in flight finish (one per process, milliseconds), then close the pool.
+
+    ``Pool.terminate()`` with tasks in flight can hang for good in CPython: it kills workers
+    that may hold the task queue's lock and then waits for its task thread, which waits on
+    that lock (seen in ``test_doctor.py`` on the 2-core machine). A pool whose tasks are done
+    closes cleanly; terminate stays the fallback for a batch that does not finish in ``wait`` s.
+    """
+    deadline = time.monotonic() + wait
+    done = True
+    for r in pending:
+        r.wait(max(0.0, deadline - time.monotonic()))
+        done = done and r.ready()
+    if done:
+        pool.close()
+    else:
         pool.terminate()
-        pool.join()
+    pool.join()
