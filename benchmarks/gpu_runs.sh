@@ -14,6 +14,9 @@
 #   bash benchmarks/gpu_runs.sh tune      # issue 5: grid vs fastfeed tune, CPU decode, 16 cores (~7 min)
 #   bash benchmarks/gpu_runs.sh dalivar   # issue 6: DALI decoder options one at a time (dali_variants.py, ~2 min)
 #   bash benchmarks/gpu_runs.sh roi       # issue 3: build fastfeed/_jpegroi there, per-core decode (~1.5 min)
+#   bash benchmarks/gpu_runs.sh raw       # issue 20: raw-pixel shards vs JPEG on 16 cores, raw pixels read
+#                                         #   through the map and as rows (loader_raw.py; builds _jpegroi; ~4 min)
+#   bash benchmarks/gpu_runs.sh dalibuild # issue 20: what a first Pipeline.build() costs, per variant (~1 min)
 #
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
@@ -21,7 +24,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16=${CORES16:-0-15}  # the cores of the 16-core stages (dali, dalivar, tune, roi)
-stage=${1:?stage: dali|dalivar|scaling|tokens|gputokens|tune|s3|loadercpu|roi}
+stage=${1:?stage: dali|dalivar|scaling|tokens|gputokens|tune|s3|loadercpu|roi|raw|dalibuild}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log"
@@ -116,5 +119,18 @@ roi)
   gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF" 2>&1 | tail -3 | tee "$OUT/roi_build.log"
   python3 -c "from fastfeed.decode import roi; print('region decoding built:', roi.available())" 2>&1 | tee -a "$OUT/roi_build.log"
   taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -12 | tee "$OUT/decode_per_core_roi.log" ;;
+raw)
+  # issue 20 on 16 cores (no GPU work; FASTFEED_NO_DALI=1 is enough): the JPEG side needs the region
+  # decoder, so _jpegroi is built first, as in the roi stage. RAW_ARGS for other sizes.
+  INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  SUF=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  [ -f "fastfeed/_jpegroi$SUF" ] || gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF"
+  taskset -c $CORES16 python3 benchmarks/loader_raw.py --source .dali-bench/imagenet-sample \
+      --peers ${RAW_PEERS:-fastfeed-raw-map,fastfeed-raw-rows,fastfeed-jpeg} \
+      ${RAW_ARGS:---images 10000 --workers 16 --batch-size 128 --time 8 --repeat 1} \
+      --json "$OUT/loader_raw.json" 2>&1 | tee "$OUT/loader_raw.log" | grep -v "^RESULT" ;;
+dalibuild)
+  taskset -c $CORES16 python3 benchmarks/dali_build.py --images .dali-bench/imagenet-sample \
+      --json "$OUT/dali_build.json" 2>&1 | tee "$OUT/dali_build.log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

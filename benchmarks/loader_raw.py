@@ -49,7 +49,10 @@ from _common import (  # noqa: E402
 from _peers import Built, Setup, _shutdown, ffcv_loader, samples_per_shard  # noqa: E402
 
 GOALS_PER_CPU = {"ffcv-raw": 1.0, "fastfeed-jpeg": 3.0}
-PEERS = ("fastfeed-raw", "fastfeed-jpeg", "ffcv-raw")
+# fastfeed-raw reads raw pixels as the loader chooses (DatasetReader.raw_reads); -map / -rows force
+# one way (FASTFEED_RAW_READS): the shard's memory map, or the crop's rows read into a reused buffer
+RAW_READS = {"fastfeed-raw-map": "map", "fastfeed-raw-rows": "rows"}
+PEERS = ("fastfeed-raw", "fastfeed-jpeg", "ffcv-raw", *RAW_READS)
 SUBJECT = "fastfeed-raw"
 
 
@@ -60,7 +63,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--source", type=Path, help="a folder of photos to replicate (default: shared/data/imagenet-sample; "
                    "on the GPU machine: .dali-bench/imagenet-sample)")
     p.add_argument("--max-side", type=int, default=500, help="longer side of the stored pixels (all loaders)")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
+    p.add_argument("--peers", default=",".join(PEERS[:3]), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--workers", type=int, default=min(2, cpu_count()), help="worker processes / FFCV threads")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor of fastfeed's DataLoader")
@@ -123,7 +126,7 @@ def _prepare(args: argparse.Namespace, peers: list[str]) -> dict[str, Path]:
     folder = _folder(args.images, args.source)
     per_shard = samples_per_shard(args.images, args.workers)
     data: dict[str, Path] = {"folder": folder}
-    if "fastfeed-raw" in peers:
+    if any(p.startswith("fastfeed-raw") for p in peers):
         data["raw"] = _pack(folder, "raw", args.max_side, per_shard)
     if "fastfeed-jpeg" in peers:
         data["jpeg"] = _pack(folder, "jpeg", args.max_side, per_shard)
@@ -159,7 +162,7 @@ def _fastfeed(data: dict[str, Path], key: str, s: Setup) -> Built:
 
 
 def _build(name: str, data: dict[str, Path], s: Setup) -> Built:
-    if name == "fastfeed-raw":
+    if name.startswith("fastfeed-raw"):
         return _fastfeed(data, "raw", s)
     if name == "fastfeed-jpeg":
         return _fastfeed(data, "jpeg", s)
@@ -187,7 +190,10 @@ def _run_child(name: str, data: dict[str, Path], args: argparse.Namespace) -> di
     cmd = [sys.executable, __file__, "--child", name, "--child-data", json.dumps({k: str(v) for k, v in data.items()}),
            "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--prefetch", str(args.prefetch),
            "--time", str(args.time)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if name in RAW_READS:
+        env["FASTFEED_RAW_READS"] = RAW_READS[name]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("CHILD ")]
     if out.returncode != 0 or not lines:
         log(f"{name}: FAILED (exit {out.returncode}):\n{out.stderr[-2000:]}")
@@ -228,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {m.samples_per_s:,.0f} img/s, "
                 f"{1 / got['cpu_s_per_img']:,.0f} img/cpu-s" if got["cpu_s_per_img"] else "  no CPU figure")
     storage = {}
-    for name in ("fastfeed-raw", "ffcv-raw"):
+    for name in ("fastfeed-raw", *RAW_READS, "ffcv-raw"):
         if name in results and mb is not None:
             storage[name] = round(results[name].rate * mb, 1)
     sizes = {k: sum(p.stat().st_size for p in files_under(v)) for k, v in data.items()}
     title = (f"loader_raw: {data['folder'].name} at max side {args.max_side}, {args.workers} workers, batch "
              f"{args.batch_size}, RandomResizedCrop 224 + flip, uint8, page cache warm")
     # the goals are per CPU-second (print_report applies one goal table to both metrics: the per-CPU one counts)
-    report = print_report(title, list(results.values()), subject=SUBJECT, goals=GOALS_PER_CPU, env=env,
+    subject = next((n for n in (SUBJECT, *RAW_READS) if n in results), SUBJECT)
+    report = print_report(title, list(results.values()), subject=subject, goals=GOALS_PER_CPU, env=env,
                           extra={"bytes": sizes, "raw_mb_per_image": mb, "storage_mb_per_s_at_rate": storage,
                                  "workers": args.workers, "batch_size": args.batch_size, "steady_s": args.time,
                                  "repeat": args.repeat, "max_side": args.max_side})

@@ -48,7 +48,7 @@ from fastfeed.decode.geometry import (
     uniforms,
 )
 from fastfeed.decode.image import ImageDecoder
-from fastfeed.decode.raw import crop_into, pixels
+from fastfeed.decode.raw import crop_into, is_pixels, pixels
 from fastfeed.errors import ConfigError, SampleError
 from fastfeed.formats.naming import PREFERRED_IMAGE_FIELDS as _PREFERRED
 from fastfeed.formats.naming import RAW_FIELD, holds_pixels, pick_image_field
@@ -219,7 +219,7 @@ class CpuDecoder:
 
     def _decode_one(self, data: bytes | np.ndarray, u: np.ndarray | None) -> np.ndarray:
         """An image file's bytes, or raw pixels (an array), as the HWC ``"image"``."""
-        raw = isinstance(data, np.ndarray)
+        raw = is_pixels(data)
         if self.image_size is None:
             return data.copy() if raw else self.images.decode(data)
         dst = np.empty((*self.image_size, 3), dtype=np.uint8)

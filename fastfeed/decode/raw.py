@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,8 +43,9 @@ import numpy as np
 from fastfeed.decode.resize import resize_into, resize_into_pillow
 from fastfeed.errors import SampleError
 from fastfeed.formats.naming import RAW_FIELD
+from fastfeed.formats.span import FileSpan
 
-__all__ = ["RAW_FIELD", "crop_into", "fit_size", "pixels", "raw_bytes", "to_pixels"]
+__all__ = ["RAW_FIELD", "SpanPixels", "crop_into", "fit_size", "is_pixels", "pixels", "raw_bytes", "to_pixels"]
 
 _DECODERS: dict[int, Any] = {}
 
@@ -125,8 +127,47 @@ def to_pixels(data: bytes, max_side: int | None = None) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint8)
 
 
-def pixels(data: bytes | memoryview, shape: Sequence[int] | None) -> np.ndarray:
-    """The raw image ``data`` as a read-only ``(h, w, 3)`` uint8 view (no copy).
+class SpanPixels:
+    """Raw pixels of shape ``(h, w, 3)`` still in their shard (a :class:`~fastfeed.formats.span.FileSpan`):
+    :func:`crop_into` reads only the crop's rows; ``np.asarray`` or :meth:`copy` reads them all."""
+
+    __slots__ = ("span", "shape")
+
+    def __init__(self, span: FileSpan, h: int, w: int) -> None:
+        self.span, self.shape = span, (h, w, 3)
+
+    def rows(self, top: int, count: int) -> np.ndarray:
+        """Rows ``top .. top + count`` as a ``(count, w, 3)`` view of this thread's reused buffer
+        (valid until the next call in the thread)."""
+        row = 3 * self.shape[1]
+        out = _row_buffer(count * row)
+        self.span.readinto(memoryview(out), top * row)
+        return out.reshape(count, self.shape[1], 3)
+
+    def copy(self) -> np.ndarray:
+        """All pixels, in a new writable array."""
+        return self.rows(0, self.shape[0]).copy()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.copy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+_BUFFERS = threading.local()
+
+
+def _row_buffer(nbytes: int) -> np.ndarray:
+    """``nbytes`` of this thread's reusable read buffer (grown as needed, never shrunk)."""
+    buf = getattr(_BUFFERS, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = _BUFFERS.buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+    return buf[:nbytes]
+
+
+def pixels(data: bytes | memoryview | FileSpan, shape: Sequence[int] | None) -> np.ndarray | SpanPixels:
+    """The raw image ``data`` as a read-only ``(h, w, 3)`` uint8 view (no copy); a sample
+    still in its shard (a :class:`~fastfeed.formats.span.FileSpan`) as :class:`SpanPixels`,
+    read when cropped.
 
     Raises:
         SampleError: no shape (the sample was read without its index), or a byte count
@@ -142,23 +183,34 @@ def pixels(data: bytes | memoryview, shape: Sequence[int] | None) -> np.ndarray:
         raise SampleError(f"raw pixels (field {RAW_FIELD}): {len(data)} bytes, expected {need} ({h} x {w} x 3, "
                           "from shapes.npy); the sample is truncated or does not belong to this index: run "
                           "`fastfeed verify`, re-pack")
+    if type(data) is FileSpan:
+        return SpanPixels(data, h, w)
     return np.frombuffer(data, dtype=np.uint8).reshape(h, w, 3)
 
 
-def crop_into(arr: np.ndarray, dst: np.ndarray, box: Callable[[int, int], tuple[int, int, int, int]], *,
-              flip: bool) -> None:
+def is_pixels(data: Any) -> bool:
+    """True for what :func:`pixels` returns (an array, or pixels still in their shard)."""
+    return isinstance(data, (np.ndarray, SpanPixels))
+
+
+def crop_into(arr: np.ndarray | SpanPixels, dst: np.ndarray, box: Callable[[int, int], tuple[int, int, int, int]],
+              *, flip: bool) -> None:
     """Crop ``box(h, w)`` of the upright ``arr`` (a view, no copy), resize it into ``dst`` (HWC), flip.
 
     Args:
-        arr: ``(h, w, 3)`` uint8 pixels (from :func:`pixels`).
+        arr: ``(h, w, 3)`` uint8 pixels (from :func:`pixels`); from :class:`SpanPixels`
+            only the crop's rows are read.
         dst: a C-contiguous ``(out_h, out_w, 3)`` uint8 array to fill (a row of the batch buffer).
         box: chooses the crop ``(top, left, height, width)`` from ``(h, w)``.
         flip: mirror the result horizontally.
     """
     h, w = arr.shape[:2]
     top, left, ch, cw = box(h, w)
+    if type(arr) is SpanPixels:
+        top, arr = 0, arr.rows(top, ch)
     cv2 = _cv2()
     if cv2 is not None:
         resize_into(cv2, arr[top: top + ch, left: left + cw], dst, flip)
     else:  # pragma: no cover - OpenCV is a core dependency
-        resize_into_pillow(np.ascontiguousarray(arr), (top / h, left / w, ch / h, cw / w), dst, flip)
+        ah = arr.shape[0]  # h, or the crop's rows read from the shard
+        resize_into_pillow(np.ascontiguousarray(arr), (top / ah, left / w, ch / ah, cw / w), dst, flip)

@@ -29,8 +29,11 @@ import struct
 import zlib
 from typing import Any, BinaryIO, Callable, Iterator
 
+import numpy as np
+
 from fastfeed.errors import SampleError, ShardError
 from fastfeed.formats.naming import RAW_FIELD, split_key
+from fastfeed.formats.span import FileSpan, OpenFile
 from fastfeed.formats.tar import TarShardReader
 
 __all__ = ["FastTarReader", "first_member_name", "parse_sample"]
@@ -169,6 +172,11 @@ _TERMINATORS = (0, 32)  # NUL or space after the octal digits
 _ZERO_BLOCK = bytes(BLOCK)
 
 
+def _address(view: memoryview) -> int:
+    """The memory address of a (read-only) buffer's first byte."""
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]) if len(view) else 0
+
+
 def _parse_plain(buf: bytes | memoryview) -> dict[str, Any] | None:
     """The plain case, fast: every member one ustar/v7 header of a regular file (no pax, no
     GNU long name), with a name, an octal size and checksum in the usual spelling, a right
@@ -305,37 +313,44 @@ class FastTarReader:
     sample. Other fields are copied out as always. (A shard truncated while mapped makes
     the reading process fail with SIGBUS rather than an error; the index check at open
     catches a shard truncated before.)
+
+    With ``raw_rows`` as well, only the members' headers are read through the map and the
+    raw pixel field comes back as a :class:`~fastfeed.formats.span.FileSpan`: its place in
+    the file, from which the decoder reads just the rows of its crop (``preadv`` into a
+    buffer it reuses; see :mod:`fastfeed.formats.span` for when that beats the map).
     """
 
     def __init__(self, file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None,
-                 use_mmap: bool = False) -> None:
+                 use_mmap: bool = False, raw_rows: bool = False) -> None:
         self._file = file
         self._path = str(file) if isinstance(file, (str, os.PathLike)) else None
         self.name = name or self._path or getattr(file, "path", None) or "<stream>"
-        self._fd = -1
-        self._pid = -1
+        self._open: OpenFile | None = None
         self._slow: TarShardReader | None = None
         self._use_mmap = bool(use_mmap) and self._path is not None
+        self._raw_rows = self._use_mmap and bool(raw_rows)
         self._map: mmap.mmap | None = None
         self._map_pid = -1
+        self._map_base = 0  # the map's address: where a raw field's view starts in the file
+
+    def _opened(self) -> OpenFile:
+        f = self._open
+        if f is None or f.pid != os.getpid():
+            f = self._open = OpenFile.open(self._path)  # type: ignore[arg-type]
+        return f
 
     def _open_fd(self) -> int:
-        if self._fd < 0 or self._pid != os.getpid():
-            try:
-                self._fd = os.open(self._path, os.O_RDONLY)  # type: ignore[arg-type]
-            except FileNotFoundError:
-                raise ShardError(f"{self._path}: shard is missing; restore it or re-run `fastfeed pack`") from None
-            self._pid = os.getpid()
-        return self._fd
+        return self._opened().fd
 
     def _mapping(self) -> mmap.mmap | None:
         if self._map is None or self._map_pid != os.getpid():
             try:
                 self._map = mmap.mmap(self._open_fd(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):  # empty, or a file system without mmap: pread instead
-                self._use_mmap = False
+                self._use_mmap = self._raw_rows = False
                 return None
             self._map_pid = os.getpid()
+            self._map_base = _address(memoryview(self._map))
         return self._map
 
     def _read_span(self, offset: int, size: int) -> bytes | memoryview:
@@ -372,6 +387,9 @@ class FastTarReader:
         sample = parse_sample(buf, self.name, offset)
         if sample is None:
             sample = TarShardReader(io.BytesIO(bytes(buf)), name=self.name).read(0, size)
+        elif self._raw_rows and type(sample.get(RAW_FIELD)) is memoryview:
+            view = sample[RAW_FIELD]  # a view of the map, its pages not touched yet: hand over its place instead
+            sample[RAW_FIELD] = FileSpan(self._opened(), _address(view) - self._map_base, len(view), name=self.name)
         return sample
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -386,9 +404,7 @@ class FastTarReader:
             except BufferError:  # samples still hold views of it: unmapped when the last one goes
                 pass
         self._map = None
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = -1
+        self._open = None  # closed now, or when the last FileSpan of it goes
         if self._path is None and hasattr(self._file, "close"):
             self._file.close()  # type: ignore[union-attr]
         if self._slow is not None:

@@ -43,6 +43,15 @@ from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 __all__ = ["DatasetReader", "check_shards", "resolve_index", "sample_error"]
 
 _MAX_OPEN_FILES = 64
+RAW_READS = ("map", "rows")  # how raw pixels are read: DatasetReader.raw_reads
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - platforms without sysconf
+        return 0
 
 
 def resolve_index(
@@ -114,6 +123,7 @@ class DatasetReader:
         self._starts = index.shard_starts
         self._readers: OrderedDict[int, Any] = OrderedDict()
         self._pid = os.getpid()
+        self._raw_reads: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -169,8 +179,27 @@ class DatasetReader:
                     f"{url}: {size} bytes but the index says {info.bytes}; the shard was truncated "
                     "or replaced after packing. Restore it, or re-run `fastfeed pack`"
                 )
-        # raw pixels: read through a memory map, so a crop touches only its rows (no copy per sample)
-        return FastTarReader(src, name=url, use_mmap=self.index.store is not None)
+        # raw pixels: the crop's rows only, through a memory map or read into a reused buffer
+        raw = self.index.store is not None
+        return FastTarReader(src, name=url, use_mmap=raw, raw_rows=raw and self.raw_reads() == "rows")
+
+    def raw_reads(self) -> str:
+        """How this process reads raw pixels (``pack --store raw``): ``"map"`` or ``"rows"``.
+
+        ``"map"``: a crop is a view of the shard's memory map, the cheapest once its pages are
+        mapped in this process. ``"rows"``: the crop's rows are read with ``preadv`` into a
+        buffer the decoder reuses (:mod:`fastfeed.formats.span`), which costs a copy but never
+        a page fault. ``FASTFEED_RAW_READS=map|rows`` chooses; otherwise "rows" when the
+        dataset's shards are larger than a quarter of this machine's memory (samples then
+        keep coming back unmapped, evicted from the page cache) and "map" below that.
+        """
+        if self._raw_reads is None:
+            want = os.environ.get("FASTFEED_RAW_READS", "").strip().lower()
+            if want not in RAW_READS:
+                total = sum(int(sh.bytes) for sh in self.index.shards)
+                want = "rows" if total > _memory_bytes() // 4 else "map"
+            self._raw_reads = want
+        return self._raw_reads
 
     def _local_copy(self, url: str, size: int, sha256: str) -> str:
         if not is_url(url):
