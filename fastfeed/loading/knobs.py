@@ -51,6 +51,10 @@ class Knob:
         help: one line for ``fastfeed tune`` output.
         uses_cores: the value is a number of busy CPU threads (e.g. decode threads); it
             counts with the workers when tune says how many cores are left to training.
+        scales: names of other knobs (numbers of threads) that grow in proportion with
+            this one: when the search tries a new value of this knob it also tries each
+            named knob scaled by new / current value (capped at its largest candidate),
+            e.g. two pipelines with twice the threads of one.
     """
 
     name: str
@@ -58,6 +62,7 @@ class Knob:
     default: Any
     help: str = ""
     uses_cores: bool = False
+    scales: tuple[str, ...] = ()
 
     def candidates(self, cores_per_rank: int) -> tuple[Any, ...]:
         vals = self.values(cores_per_rank) if callable(self.values) else self.values

@@ -19,7 +19,10 @@ Strategy (far fewer measurements than a grid)
        binds; re-check the neighbouring worker counts if the factor changed. Without a
        target this runs from the refined setting and, when refine preferred a cheaper tie,
        from the fastest worker count too (deeper prefetch pays off at the plateau);
-    4. **decode knobs**: one coordinate pass over each knob's values;
+    4. **decode knobs**: one coordinate pass over each knob's values; a knob whose
+       ``scales`` names thread knobs is tried at each new value as it is and then with
+       those knobs scaled in proportion (two pipelines: the threads found shared between
+       them, then twice those threads, capped at the largest candidate);
     5. **confirm**: the top 2-3 candidates are measured again, longer and interleaved,
        and the choice is made on those medians (:mod:`fastfeed.tuning.confirm`). Steps 1-4
        use the budget less a ``confirm_share`` kept for this step.
@@ -62,7 +65,7 @@ from typing import Any, Callable
 from fastfeed.errors import ConfigError
 from fastfeed.timing.measure import Measurement
 from fastfeed.tuning.confirm import Confirmed, choose, confirm, top_candidates
-from fastfeed.loading.knobs import SearchSpace, Setting, worker_ladder
+from fastfeed.loading.knobs import Knob, SearchSpace, Setting, worker_ladder
 
 __all__ = ["SearchOutcome", "Trial", "search"]
 
@@ -342,8 +345,45 @@ def _prefetch(c: _Ctx, best: Trial) -> Trial:
     return best
 
 
+def _scaled(c: _Ctx, knob: Knob, base: Setting, value: Any) -> list[Setting]:
+    """``base`` with ``knob`` at ``value`` and each knob it ``scales`` grown in proportion.
+
+    A scaled knob goes to ``round(current * value / knob's current)``, capped at its largest
+    candidate for these cores; settings where it would not change are left out.
+    """
+    knobs = dict(base.knobs)
+    current = knobs.get(knob.name, knob.default)
+    if not current or not isinstance(current, (int, float)) or not isinstance(value, (int, float)):
+        return []
+    by_name = {k.name: k for k in c.space.knobs}
+    out = []
+    for name in knob.scales:
+        other = by_name.get(name)
+        cands = other.candidates(c.cores_per_rank) if other is not None else ()
+        if other is None or not cands:
+            continue
+        cur = knobs.get(name, other.default)
+        n = min(max(cands), max(1, round(cur * value / current)))
+        if n != cur:
+            out.append(base.with_knob(knob.name, value).with_knob(name, n))
+    return out
+
+
+def _accept(c: _Ctx, t: Trial, best: Trial) -> Trial:
+    """Step 4's rule: with a target met, any trial that meets it (cheaper values come first); else a faster one."""
+    if c.meets(best):
+        return t if c.meets(t) else best
+    return t if c.better(t, best) else best
+
+
 def _knobs(c: _Ctx, best: Trial) -> Trial:
-    """Step 4: one coordinate pass over the decode mode's knobs."""
+    """Step 4: one coordinate pass over the decode mode's knobs.
+
+    Each new value is measured as it is and then, for a knob with ``scales``, with each
+    scaled knob grown in proportion (:func:`_scaled`); both go through the same rule, the
+    plain (cheaper) setting first. When the plain one meets the target the scaled ones are
+    not measured: they use more threads, so the choice would take the plain one anyway.
+    """
     for knob in c.space.knobs:
         current = dict(best.setting.knobs).get(knob.name, knob.default)
         values = list(knob.candidates(c.cores_per_rank))
@@ -352,12 +392,13 @@ def _knobs(c: _Ctx, best: Trial) -> Trial:
         for v in values:
             if v == current:
                 continue
-            t = c.run.run(best.setting.with_knob(knob.name, v), f"knob {knob.name}")
-            if c.meets(best):
-                if c.meets(t):
-                    best = t
-            elif c.better(t, best):
-                best = t
+            base = best.setting
+            plain = c.run.run(base.with_knob(knob.name, v), f"knob {knob.name}")
+            best = _accept(c, plain, best)
+            if c.meets(plain):
+                continue
+            for s in _scaled(c, knob, base, v):
+                best = _accept(c, c.run.run(s, f"knob {knob.name}"), best)
     return best
 
 

@@ -397,6 +397,96 @@ def test_search_decode_knobs() -> None:
     assert "leaves 4 of 8 cores" in out.reason  # the 4 decode threads count as busy cores
 
 
+def _pipelines_space(scales: tuple[str, ...]) -> SearchSpace:
+    """Threads (a total, shared by the pipelines) then one or two pipelines, as for DALI."""
+    return SearchSpace(workers=(0,), knobs=(
+        Knob("num_threads", lambda cores: [n for n in (1, 2, 4, 6, 8, 16) if n <= cores], default=4,
+             uses_cores=True),
+        Knob("num_pipelines", (1, 2), default=1, scales=scales)))
+
+
+def _pipelines_curve(s: Setting) -> float:
+    """One pipeline is best at 4 threads; two sharing 4 are a little slower; two with 4 each are fastest."""
+    k = dict(s.knobs)
+    threads, pipes = k["num_threads"], k["num_pipelines"]
+    if pipes == 1:
+        return 1000.0 * min(threads, 4)
+    return 3900.0 if threads <= 4 else 3900.0 + 120.0 * min(threads - 4, 4)
+
+
+def _knob_trials(out: Any) -> list[dict[str, Any]]:
+    return [dict(t.setting.knobs) for t in out.trials if t.phase.startswith("knob")]
+
+
+def test_search_scaled_knob_measures_and_picks_the_scaled_threads() -> None:
+    bench = FakeBench(_pipelines_curve)
+    out = search(bench, cores=8, space=_pipelines_space(("num_threads",)), time_budget=120, clock=bench.clock)
+    assert _knob_trials(out) == [
+        {"num_threads": 1, "num_pipelines": 1}, {"num_threads": 2, "num_pipelines": 1},
+        {"num_threads": 6, "num_pipelines": 1}, {"num_threads": 8, "num_pipelines": 1},
+        {"num_threads": 4, "num_pipelines": 2},  # plain first: the threads found, shared
+        {"num_threads": 8, "num_pipelines": 2},  # then scaled: 4 x 2 / 1
+    ]
+    assert dict(out.best.setting.knobs) == {"num_threads": 8, "num_pipelines": 2}
+
+
+def test_search_scaled_knob_is_capped_at_the_largest_candidate() -> None:
+    bench = FakeBench(_pipelines_curve)
+    out = search(bench, cores=6, space=_pipelines_space(("num_threads",)), time_budget=120, clock=bench.clock)
+    two = [k for k in _knob_trials(out) if k["num_pipelines"] == 2]
+    assert two == [{"num_threads": 4, "num_pipelines": 2}, {"num_threads": 6, "num_pipelines": 2}]  # not 8
+    assert dict(out.best.setting.knobs) == {"num_threads": 6, "num_pipelines": 2}
+    # capped at the current threads: no second setting (it would repeat the plain one)
+    bench = FakeBench(_pipelines_curve)
+    out = search(bench, cores=4, space=_pipelines_space(("num_threads",)), time_budget=120, clock=bench.clock)
+    assert [k for k in _knob_trials(out) if k["num_pipelines"] == 2] == [{"num_threads": 4, "num_pipelines": 2}]
+    assert dict(out.best.setting.knobs) == {"num_threads": 4, "num_pipelines": 1}
+
+
+def test_search_knob_without_scales_tries_only_the_plain_values() -> None:
+    bench = FakeBench(_pipelines_curve)
+    out = search(bench, cores=8, space=_pipelines_space(()), time_budget=120, clock=bench.clock)
+    assert _knob_trials(out) == [
+        {"num_threads": 1, "num_pipelines": 1}, {"num_threads": 2, "num_pipelines": 1},
+        {"num_threads": 6, "num_pipelines": 1}, {"num_threads": 8, "num_pipelines": 1},
+        {"num_threads": 4, "num_pipelines": 2},
+    ]
+    assert dict(out.best.setting.knobs) == {"num_threads": 4, "num_pipelines": 1}
+
+
+def test_search_scaled_knob_with_a_target_tries_the_scaled_setting_only_when_needed() -> None:
+    # a target the plain two-pipeline setting cannot meet (3900 < 4400) but the scaled one can
+    bench = FakeBench(_pipelines_curve)
+    out = search(bench, cores=8, space=_pipelines_space(("num_threads",)), target_rate=4000,
+                 headroom=0.02, time_budget=120, clock=bench.clock)
+    assert {"num_threads": 8, "num_pipelines": 2} in _knob_trials(out)
+    assert out.target_met and dict(out.best.setting.knobs) == {"num_threads": 8, "num_pipelines": 2}
+    # two pipelines sharing 4 threads meet it: twice the threads are not measured (they cost more)
+    bench = FakeBench(lambda s: 4500.0 if dict(s.knobs)["num_pipelines"] == 2 else _pipelines_curve(s))
+    out = search(bench, cores=8, space=_pipelines_space(("num_threads",)), target_rate=4200,
+                 headroom=0.02, time_budget=120, clock=bench.clock)
+    assert [k for k in _knob_trials(out) if k["num_pipelines"] == 2] == [{"num_threads": 4, "num_pipelines": 2}]
+    assert out.target_met and dict(out.best.setting.knobs) == {"num_threads": 4, "num_pipelines": 2}
+
+
+def test_dali_tune_space_finds_two_pipelines_with_twice_the_threads() -> None:
+    from fastfeed.loading.dali.backend import TUNE_SPACE
+
+    knob = next(k for k in TUNE_SPACE.knobs if k.name == "num_pipelines")
+    assert knob.scales == ("num_threads",)
+
+    def h200(s: Setting) -> float:  # measured on an H200: 4 threads best for one pipeline
+        k = dict(s.knobs)
+        if k["num_pipelines"] == 1:
+            return 36594.0 if k["num_threads"] >= 4 else 36594.0 * k["num_threads"] / 4
+        return 39760.0 if k["num_threads"] >= 8 else 35702.0
+
+    bench = FakeBench(h200)
+    out = search(bench, cores=16, space=TUNE_SPACE, time_budget=600, clock=bench.clock)
+    assert {"num_threads": 8, "num_pipelines": 2} == {
+        n: v for n, v in out.best.setting.knobs if n in ("num_threads", "num_pipelines")}
+
+
 # ---------------------------------------------------------------------- steady state (pure)
 def _arrivals(gaps: list[float]) -> list[float]:
     return list(np.cumsum(gaps))

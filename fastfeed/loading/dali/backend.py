@@ -134,10 +134,12 @@ DEFAULTS: dict[str, Any] = {"num_threads": 8, "hw_decoder_load": 0.65, "prefetch
 #: What ``fastfeed tune --decode dali`` searches (see :mod:`fastfeed.loading.knobs`):
 #: no DataLoader workers; one coordinate pass over the hardware decoder's share (the
 #: knob that matters most and whose best value depends on the images), DALI's thread
-#: count, then its prefetch depth, then one or two pipelines (the threads found shared
-#: between them). Values are listed cheapest first: more work on the hardware decoder
-#: leaves GPU SMs and CPU cores to training; fewer threads leave cores; one pipeline holds
-#: half the GPU memory of two.
+#: count, then its prefetch depth, then one or two pipelines: two are tried with the
+#: threads found shared between them and with twice those threads, capped at the cores
+#: (``num_threads`` is the total of both; on an H200 two pipelines x the 4 threads found
+#: for one beat both one pipeline and two sharing 4). Values are listed cheapest first:
+#: more work on the hardware decoder leaves GPU SMs and CPU cores to training; fewer
+#: threads leave cores; one pipeline holds half the GPU memory of two.
 TUNE_SPACE = SearchSpace(
     workers=(0,),
     prefetch=(2,),
@@ -149,8 +151,9 @@ TUNE_SPACE = SearchSpace(
              default=4, help="DALI CPU threads (host-side decode stages, resize on CPU)",
              uses_cores=True),
         Knob("prefetch_queue_depth", (2, 3, 4), default=2, help="batches DALI prepares ahead"),
-        Knob("num_pipelines", (1, 2), default=1,
-             help="DALI pipelines fed in turn (num_threads shared between them)"),
+        Knob("num_pipelines", (1, 2), default=1, scales=("num_threads",),
+             help="DALI pipelines fed in turn (num_threads shared between them; "
+                  "also tried with twice the threads, capped at the cores)"),
     ),
 )
 
