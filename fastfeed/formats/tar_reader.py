@@ -387,7 +387,7 @@ class FastTarReader:
         sample = parse_sample(buf, self.name, offset)
         if sample is None:
             sample = TarShardReader(io.BytesIO(bytes(buf)), name=self.name).read(0, size)
-        elif self._raw_rows and type(sample.get(RAW_FIELD)) is memoryview:
+        elif self._raw_rows and type(sample.get(RAW_FIELD)) is memoryview and len(sample[RAW_FIELD]):
             view = sample[RAW_FIELD]  # a view of the map, its pages not touched yet: hand over its place instead
             sample[RAW_FIELD] = FileSpan(self._opened(), _address(view) - self._map_base, len(view), name=self.name)
         return sample

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import gc
+import os
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 import fastfeed
+import fastfeed.packed.reader as reader_mod
+from fastfeed.decode.geometry import NUM_UNIFORMS, random_resized_crop, uniforms
+from fastfeed.decode.raw import SpanPixels, crop_into, is_pixels, pixels
 from fastfeed.errors import ConfigError, SampleError
+from fastfeed.formats.span import FileSpan
 from fastfeed.packed.layout import SHAPES_NAME
+from fastfeed.packed.reader import DatasetReader, resolve_index
 from _raw_data import write_raw_source
 
 
@@ -117,3 +125,140 @@ def test_wrong_size_raw_sample_is_an_error_or_a_counted_skip(packs: dict[str, Pa
 def test_dali_refuses_raw_pixels_with_the_fix(packs: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match=r"--store jpeg"):
         fastfeed.loader(packs["tar-raw"], batch_size=4, image_size=24, decode="dali")
+
+
+# ------------------------------------------------------------------ raw reads: memory map or rows (FileSpan)
+def _record_raw_reads(out_dir: str, worker_id: int) -> None:
+    """worker_init_fn: write down how this worker's reader reads raw pixels, and what it hands over."""
+    src = torch.utils.data.get_worker_info().dataset.source
+    kind = type(src.read(0)["rgb8"]).__name__
+    Path(out_dir, f"{worker_id}-{os.getpid()}").write_text(f"{src.raw_reads()} {kind}")
+
+
+def _same_batches(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and len(a) > 1
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            u, v = x[k], y[k]
+            if isinstance(u, torch.Tensor):
+                assert u.dtype == v.dtype and u.shape == v.shape and torch.equal(u, v), k
+            elif isinstance(u, list) and u and isinstance(u[0], torch.Tensor):
+                assert len(u) == len(v) and all(p.shape == q.shape and torch.equal(p, q) for p, q in zip(u, v)), k
+            else:
+                assert u == v, k
+
+
+@pytest.mark.parametrize("decode", ["cpu", None])
+def test_map_and_rows_reads_give_the_same_epoch(packs: dict[str, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, decode: str | None) -> None:
+    path = packs["tar-raw"]
+    kw: dict[str, Any] = dict(image_size=24, augment=True) if decode else dict(decode=None, image_size=None)
+    got = {}
+    for mode, handed in (("map", "memoryview"), ("rows", "FileSpan")):
+        monkeypatch.setenv("FASTFEED_RAW_READS", mode)
+        seen = tmp_path / f"{mode}-workers"
+        seen.mkdir()
+        dl = fastfeed.loader(path, batch_size=5, num_workers=2, seed=9, shuffle=True,
+                             worker_init_fn=partial(_record_raw_reads, str(seen)), **kw)
+        dl.set_epoch(1)
+        got[mode] = list(dl)
+        del dl
+        gc.collect()
+        # both worker processes read the pixels the way the environment asked
+        workers = sorted(p.name.split("-")[0] for p in seen.iterdir())
+        assert workers == ["0", "1"] and {p.read_text() for p in seen.iterdir()} == {f"{mode} {handed}"}
+    keys = [k for b in got["map"] for k in b["__key__"]]
+    assert len(keys) == len(set(keys)) == fastfeed.info(path)["num_samples"]
+    _same_batches(got["map"], got["rows"])
+    if decode is None:  # whole images, as HWC arrays, of the shapes in the index
+        arrays = [x for b in got["rows"] for x in b["rgb8"]]
+        assert len(arrays) == len(keys) and all(x.ndim == 3 and x.shape[2] == 3 for x in arrays)
+        assert len({tuple(x.shape) for x in arrays}) > 3
+    else:
+        assert got["rows"][0]["image"].shape[1:] == (3, 24, 24)
+
+
+def _shards_total(index: Any) -> int:
+    return sum(int(sh.bytes) for sh in index.shards)
+
+
+@pytest.mark.parametrize("env", [None, "", "bogus", "mmap"])
+def test_raw_reads_follow_the_dataset_size_against_memory(packs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                          env: str | None) -> None:
+    if env is None:
+        monkeypatch.delenv("FASTFEED_RAW_READS", raising=False)
+    else:  # not map or rows: the size rule decides
+        monkeypatch.setenv("FASTFEED_RAW_READS", env)
+    index = resolve_index(packs["tar-raw"])
+    total = _shards_total(index)
+    for memory, want, handed in ((4 * total - 1, "rows", FileSpan), (4 * total, "map", memoryview),
+                                 (1 << 50, "map", memoryview), (1 << 20, "rows", FileSpan)):
+        monkeypatch.setattr(reader_mod, "_memory_bytes", lambda m=memory: m)
+        r = DatasetReader(index)
+        assert r.raw_reads() == want, (memory, total)
+        assert type(r.read(3)["rgb8"]) is handed
+        r.close()
+
+
+@pytest.mark.parametrize("mode", ["map", "rows"])
+def test_the_environment_beats_the_size_rule(packs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                             mode: str) -> None:
+    monkeypatch.setenv("FASTFEED_RAW_READS", mode)
+    index = resolve_index(packs["tar-raw"])
+    for memory in (1 << 20, 1 << 50):  # a small machine would say rows, a large one map
+        monkeypatch.setattr(reader_mod, "_memory_bytes", lambda m=memory: m)
+        r = DatasetReader(index)
+        assert r.raw_reads() == mode
+        assert type(r.read(0)["rgb8"]) is (FileSpan if mode == "rows" else memoryview)
+        r.close()
+
+
+def _boxes(seed: int) -> list:
+    u = uniforms(seed=seed, epoch=0, ids=np.arange(4), n=NUM_UNIFORMS)
+    boxes = [lambda h, w, r=r: random_resized_crop(h, w, r) for r in u]
+    boxes.append(lambda h, w: (0, 0, h, w))  # all of it
+    boxes.append(lambda h, w: (h - max(1, h // 3), w // 4, max(1, h // 3), max(1, w // 2)))  # the last rows
+    return boxes
+
+
+def test_spans_stay_readable_after_their_reader_is_evicted(packs: dict[str, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    index = resolve_index(packs["tar-raw"])
+    starts = [int(x) for x in index.shard_starts]
+    assert len(index.shards) >= 3
+    # shard 0, then 1 (shard 0's reader is closed), then 2 (1's is), then 0 again (a new reader)
+    ids = [starts[0] + 1, starts[0] + 4, starts[1] + 2, starts[2], starts[2 + 1] - 1, starts[0] + 6]
+    monkeypatch.setenv("FASTFEED_RAW_READS", "rows")
+    rows = DatasetReader(index, max_open=1)
+    samples = [rows.read(i) for i in ids]
+    fds = {s["rgb8"].file.fd for s in samples}
+    assert len(fds) == 4  # one descriptor per opening, three of them readers long closed
+    gc.collect()
+    for fd in fds:
+        os.fstat(fd)  # the spans keep them open
+    monkeypatch.setenv("FASTFEED_RAW_READS", "map")
+    mapped = DatasetReader(index)
+    assert mapped.raw_reads() == "map"
+    dst_a, dst_b = np.empty((20, 16, 3), np.uint8), np.empty((20, 16, 3), np.uint8)
+    for n, (i, s) in enumerate(zip(ids, samples)):
+        ref = mapped.read(i)
+        assert s["__key__"] == ref["__key__"] and s["__shape__"] == ref["__shape__"]
+        px, ref_px = pixels(s["rgb8"], s["__shape__"]), pixels(ref["rgb8"], ref["__shape__"])
+        assert isinstance(px, SpanPixels) and isinstance(ref_px, np.ndarray) and is_pixels(px)
+        assert px.shape == ref_px.shape
+        for k, box in enumerate(_boxes(n)):
+            dst_a.fill(0)
+            dst_b.fill(255)
+            crop_into(px, dst_a, box, flip=bool(k % 2))
+            crop_into(ref_px, dst_b, box, flip=bool(k % 2))
+            assert np.array_equal(dst_a, dst_b), (i, k)
+        whole = np.asarray(px)
+        assert whole.flags.writeable and np.array_equal(whole, ref_px) and np.array_equal(px.copy(), ref_px)
+    mapped.close()
+    rows.close()
+    del samples, s, px, whole
+    gc.collect()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the last span of each closed it
