@@ -138,3 +138,68 @@ def test_an_empty_raw_member_stays_an_empty_buffer(tmp_path: Path) -> None:
     got = [rows.read(off, size)["rgb8"] for off, size in spans]
     assert got[1].tobytes() == b"abc"
     assert not isinstance(got[0], FileSpan) and len(got[0]) == 0 and bytes(got[0]) == b""
+
+
+# ------------------------------------------------------------------ hints: left out for a shard in the page cache
+def _count_fadvise(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.posix_fadvise
+
+    def counting(fd: int, offset: int, size: int, advice: int) -> None:
+        calls.append(offset)
+        real(fd, offset, size, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", counting)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_hints_are_left_out_for_a_mapped_shard_in_the_page_cache(raw_pack: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastfeed.formats.span import resident
+    from fastfeed.packed.reader import DatasetReader
+
+    index = resolve_index(raw_pack)
+    Path(index.shard_path(0)).read_bytes()  # every page of shard 0 in the page cache now
+    mapped = FastTarReader(index.shard_path(0), use_mmap=True)
+    m = mapped._mapping()
+    share = resident(mapped._map_base, len(m))
+    if share is None:
+        pytest.skip("this OS cannot say what is in the page cache (no mincore)")
+    assert share == 1.0
+    assert mapped.wants_hints() is False
+    assert FastTarReader(index.shard_path(0)).wants_hints() is True  # read with pread: no map to ask
+    calls = _count_fadvise(monkeypatch)
+    reader = DatasetReader(index)
+    ids = list(range(int(index.shard_starts[0]), int(index.shard_starts[1])))
+    reader.will_need(ids)
+    assert calls == []  # in the page cache: no system call that would do nothing
+    plain = DatasetReader(resolve_index(raw_pack))
+    plain._readers[0] = FastTarReader(index.shard_path(0))  # a reader without a map still hints
+    plain.will_need(ids)
+    assert len(calls) == len(ids)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_hints_go_out_for_a_mapped_shard_not_in_the_page_cache(raw_pack: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastfeed.formats.span import resident
+
+    index = resolve_index(raw_pack)
+    path = tmp_path / "cold.tar"
+    path.write_bytes(Path(index.shard_path(0)).read_bytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the page cache
+    finally:
+        os.close(fd)
+    mapped = FastTarReader(path, use_mmap=True)
+    share = resident(mapped._map_base, len(m)) if (m := mapped._mapping()) is not None else None
+    if share is None or share >= 0.98:
+        pytest.skip(f"the page cache kept the file ({share}): this file system does not drop clean pages")
+    assert mapped.wants_hints() is True
+    calls = _count_fadvise(monkeypatch)
+    for off, size in _shard_spans(index, 0):
+        mapped.will_need(off, size)
+    assert len(calls) == len(_shard_spans(index, 0))
