@@ -30,15 +30,11 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-
-import numpy as np
 
 from fastfeed.errors import SampleError, ShardError
 
-__all__ = ["FileSpan", "OpenFile", "resident"]
+__all__ = ["FileSpan", "OpenFile"]
 
 
 class OpenFile:
@@ -117,44 +113,3 @@ def _pread_into(fd: int, buf: memoryview, at: int) -> int:  # pragma: no cover -
     data = os.pread(fd, len(buf), at)
     buf[: len(data)] = data
     return len(data)
-
-
-_LIBC: list[object] = []
-
-
-def _mincore() -> object | None:
-    """libc's ``mincore`` (None where there is none)."""
-    if not _LIBC:
-        try:
-            fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).mincore
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-            fn.restype = ctypes.c_int
-            _LIBC.append(fn)
-        except (OSError, AttributeError):  # pragma: no cover - platforms without mincore
-            _LIBC.append(None)
-    return _LIBC[0]
-
-
-def resident(address: int, length: int) -> float | None:
-    """The share of the pages of the mapped range ``address .. address + length`` that are in
-    the page cache (``mincore``); None where the OS cannot say.
-
-    ``address`` must be page-aligned (the start of a memory map).
-
-    Example:
-        >>> import mmap
-        >>> m = mmap.mmap(-1, 4 * mmap.PAGESIZE)
-        >>> m[:] = bytes(len(m))  # touched: resident
-        >>> buf = (ctypes.c_char * len(m)).from_buffer(m)
-        >>> resident(ctypes.addressof(buf), len(m)) in (1.0, None)
-        True
-        >>> del buf
-    """
-    fn = _mincore()
-    if fn is None or length <= 0:
-        return None
-    pages = -(-length // os.sysconf("SC_PAGE_SIZE"))
-    vec = np.zeros(pages, dtype=np.uint8)
-    if fn(address, length, vec.ctypes.data) != 0:  # type: ignore[operator]
-        return None
-    return float(np.count_nonzero(vec & 1)) / pages

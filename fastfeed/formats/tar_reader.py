@@ -33,7 +33,7 @@ import numpy as np
 
 from fastfeed.errors import SampleError, ShardError
 from fastfeed.formats.naming import RAW_FIELD, split_key
-from fastfeed.formats.span import FileSpan, OpenFile, resident
+from fastfeed.formats.span import FileSpan, OpenFile
 from fastfeed.formats.tar import TarShardReader
 
 __all__ = ["FastTarReader", "first_member_name", "parse_sample"]
@@ -170,8 +170,6 @@ _TERMINATORS = (0, 32)  # NUL or space after the octal digits
 
 
 _ZERO_BLOCK = bytes(BLOCK)
-_RECHECK = 32  # FastTarReader.wants_hints: calls (one a batch) between two page-cache checks of a mapped shard
-_CACHED = 0.98  # ... and the share of its pages in the page cache above which hints are left out
 
 
 def _address(view: memoryview) -> int:
@@ -334,7 +332,6 @@ class FastTarReader:
         self._map: mmap.mmap | None = None
         self._map_pid = -1
         self._map_base = 0  # the map's address: where a raw field's view starts in the file
-        self._asked, self._cached = 0, False  # wants_hints(): calls, and the shard all in the page cache
 
     def _opened(self) -> OpenFile:
         f = self._open
@@ -366,22 +363,6 @@ class FastTarReader:
             f.seek(offset)  # type: ignore[union-attr]
             return f.read(size)  # type: ignore[union-attr]
         return os.pread(self._open_fd(), size, offset)
-
-    def wants_hints(self) -> bool:
-        """Whether :meth:`will_need` can help: False for a stream, and for a mapped shard whose
-        pages were (nearly: :data:`_CACHED`) all in the page cache when last checked
-        (``mincore``, again every :data:`_RECHECK` calls), where a hint is a system call that
-        does nothing; the few pages missing are read when touched."""
-        if self._path is None or not hasattr(os, "posix_fadvise"):
-            return False
-        if not self._use_mmap:
-            return True
-        self._asked += 1
-        if self._asked % _RECHECK == 1:
-            m = self._mapping()
-            share = None if m is None else resident(self._map_base, len(m))
-            self._cached = share is not None and share >= _CACHED
-        return not self._cached
 
     def will_need(self, offset: int, size: int) -> None:
         """Hint that ``size`` bytes at ``offset`` are read soon (a local file: the kernel

@@ -249,26 +249,19 @@ class DatasetReader:
         if self.index.format == "lmdb" or len(ids) == 0:
             return
         shards, locs = self.locate(np.asarray(ids))
-        hints: dict[int, Any] = {}
         for s, off, size in zip(shards.tolist(), locs[:, 0].tolist(), locs[:, 1].tolist()):
-            hint = hints[s] if s in hints else hints.setdefault(s, self._hint_of(s))
+            r = self._readers.get(s)
+            if r is None:
+                url = self.shard_name(s)
+                if is_url(url) or is_gzip_tar(url):
+                    continue
+                try:
+                    r = self.reader(s)
+                except (FastfeedError, OSError):  # the read itself reports it, with its context
+                    continue
+            hint = getattr(r, "will_need", None)
             if hint is not None:
                 hint(off, size)
-
-    def _hint_of(self, s: int) -> Any:
-        """Shard ``s``'s ``will_need``, or None when a hint cannot help (a stream, a shard all in
-        the page cache, one that does not open: the read itself reports that, with its context)."""
-        r = self._readers.get(s)
-        if r is None:
-            url = self.shard_name(s)
-            if is_url(url) or is_gzip_tar(url):
-                return None
-            try:
-                r = self.reader(s)
-            except (FastfeedError, OSError):
-                return None
-        wants = getattr(r, "wants_hints", None)
-        return None if wants is not None and not wants() else getattr(r, "will_need", None)
 
 
 #: The old name of :class:`DatasetReader`, still imported by ``fastfeed.loading`` and ``fastfeed.diagnosis``.
