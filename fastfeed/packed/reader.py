@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
@@ -41,6 +42,8 @@ from fastfeed.packed.layout import INDEX_NAME
 from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 
 __all__ = ["DatasetReader", "check_shards", "resolve_index", "sample_error"]
+
+log = logging.getLogger(__name__)
 
 _MAX_OPEN_FILES = 64
 RAW_READS = ("map", "rows")  # how raw pixels are read: DatasetReader.raw_reads
@@ -204,6 +207,9 @@ class DatasetReader:
         """
         if self._raw_reads is None:
             want = os.environ.get("FASTFEED_RAW_READS", "").strip().lower()
+            if want and want not in RAW_READS:
+                log.warning("FASTFEED_RAW_READS=%r is not one of %s: the loader chooses (see "
+                            "DatasetReader.raw_reads)", want, "|".join(RAW_READS))
             if want not in RAW_READS:
                 total = sum(int(sh.bytes) for sh in self.index.shards)
                 want = "rows" if total > _memory_bytes() // 4 or self.splits > MAP_SPLITS else "map"

@@ -185,7 +185,7 @@ def _shards_total(index: Any) -> int:
 
 @pytest.mark.parametrize("env", [None, "", "bogus", "mmap"])
 def test_raw_reads_follow_the_dataset_size_against_memory(packs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                                          env: str | None) -> None:
+                                                          env: str | None, caplog: pytest.LogCaptureFixture) -> None:
     if env is None:
         monkeypatch.delenv("FASTFEED_RAW_READS", raising=False)
     else:  # not map or rows: the size rule decides
@@ -196,7 +196,10 @@ def test_raw_reads_follow_the_dataset_size_against_memory(packs: dict[str, Path]
                                  (1 << 50, "map", memoryview), (1 << 20, "rows", FileSpan)):
         monkeypatch.setattr(reader_mod, "_memory_bytes", lambda m=memory: m)
         r = DatasetReader(index)
+        caplog.clear()
         assert r.raw_reads() == want, (memory, total)
+        named = [rec for rec in caplog.records if "FASTFEED_RAW_READS" in rec.getMessage()]
+        assert len(named) == (1 if env in ("bogus", "mmap") else 0)  # a value that is no choice is said once
         assert type(r.read(3)["rgb8"]) is handed
         r.close()
 
