@@ -403,7 +403,9 @@ def pipelines_compare(ds: Path, setting: Setting, cfg: Config) -> list[Result]:
     for order in (list(makers), list(makers)[::-1]):
         for name in order:
             runs[name].append(_measure(makers[name], at))
-    return [_result(f"{name} @best", _label(setting), runs[name], knobs=setting) for name in makers]
+    threads = {name: doubled["num_threads"] if ", num_threads=" in name else knobs["num_threads"] for name in makers}
+    return [_result(f"{name} @best", _label(setting), runs[name], knobs={**setting, "num_threads": threads[name]})
+            for name in makers]
 
 
 def pipes_summary(pipes: list[Result], hw_best: Result) -> dict[str, Any]:
@@ -416,12 +418,13 @@ def pipes_summary(pipes: list[Result], hw_best: Result) -> dict[str, Any]:
     twos = {name: rate for name, rate in by.items() if name.startswith("fastfeed dali num_pipelines=2")}
     best_two = max(twos, key=twos.__getitem__)
     wins = twos[best_two] > one * (1 + PIPES_MARGIN)
-    doubled = ", num_threads=" in best_two
+    threads = {r.name.removesuffix(" @best"): r.extra["knobs"]["num_threads"] for r in pipes}
     return {"best_single_handwritten": single,
             "ratios": {name: rate / max(single, 1e-9) for name, rate in by.items()},
             "two_vs_one": twos[best_two] / max(one, 1e-9), "best_two": best_two,
             "num_pipelines": 2 if wins else 1,
-            "num_threads": int(best_two.rsplit("=", 1)[1]) if wins and doubled else None}
+            "num_threads": threads[best_two] if wins and threads[best_two] != threads[
+                "fastfeed dali num_pipelines=1"] else None}
 
 
 def mean_rate(r: Result) -> float:

@@ -52,7 +52,8 @@ GOALS_PER_CPU = {"ffcv-raw": 1.0, "fastfeed-jpeg": 3.0}
 # fastfeed-raw reads raw pixels as the loader chooses (DatasetReader.raw_reads); -map / -rows force
 # one way (FASTFEED_RAW_READS): the shard's memory map, or the crop's rows read into a reused buffer
 RAW_READS = {"fastfeed-raw-map": "map", "fastfeed-raw-rows": "rows"}
-PEERS = ("fastfeed-raw", "fastfeed-jpeg", "ffcv-raw", *RAW_READS)
+DEFAULT_PEERS = ("fastfeed-raw", "fastfeed-jpeg", "ffcv-raw")
+PEERS = (*DEFAULT_PEERS, *RAW_READS)
 SUBJECT = "fastfeed-raw"
 
 
@@ -63,7 +64,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--source", type=Path, help="a folder of photos to replicate (default: shared/data/imagenet-sample; "
                    "on the GPU machine: .dali-bench/imagenet-sample)")
     p.add_argument("--max-side", type=int, default=500, help="longer side of the stored pixels (all loaders)")
-    p.add_argument("--peers", default=",".join(PEERS[:3]), help=f"subset of {','.join(PEERS)}")
+    p.add_argument("--peers", default=",".join(DEFAULT_PEERS), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--workers", type=int, default=min(2, cpu_count()), help="worker processes / FFCV threads")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor of fastfeed's DataLoader")

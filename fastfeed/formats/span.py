@@ -97,7 +97,7 @@ class FileSpan:
         if start < 0 or start + want > self.size:
             raise ValueError(f"bytes {start}..{start + want} are outside the span of {self.size}")
         at = self.offset + start
-        got = os.preadv(self.file.fd, [buf], at) if hasattr(os, "preadv") else _pread_into(self.file.fd, buf, at)
+        got = _preadv(self.file.fd, [buf], at)
         if got != want:
             raise SampleError(f"{self.name}: truncated at offset {at} (wanted {want} bytes, got {got}); the "
                               "shard is damaged, re-run `fastfeed pack` or restore it", shard=self.name, offset=at)
@@ -109,7 +109,10 @@ class FileSpan:
         return bytes(out)
 
 
-def _pread_into(fd: int, buf: memoryview, at: int) -> int:  # pragma: no cover - platforms without preadv
-    data = os.pread(fd, len(buf), at)
-    buf[: len(data)] = data
+def _pread_into(fd: int, bufs: list[memoryview], at: int) -> int:  # pragma: no cover - platforms without preadv
+    data = os.pread(fd, len(bufs[0]), at)
+    bufs[0][: len(data)] = data
     return len(data)
+
+
+_preadv = getattr(os, "preadv", _pread_into)

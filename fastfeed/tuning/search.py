@@ -359,8 +359,8 @@ def _scaled(c: _Ctx, knob: Knob, base: Setting, value: Any) -> list[Setting]:
     out = []
     for name in knob.scales:
         other = by_name.get(name)
-        cands = other.candidates(c.cores_per_rank) if other is not None else ()
-        if other is None or not cands:
+        cands = () if other is None else other.candidates(c.cores_per_rank)
+        if not cands:
             continue
         cur = knobs.get(name, other.default)
         n = min(max(cands), max(1, round(cur * value / current)))
