@@ -23,8 +23,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-# fastfeed/_jpegroi.c: an optional C extension, built by the editable install (pyproject)
-$(VENV)/.installed: pyproject.toml fastfeed/_jpegroi.c | $(PY)
+# fastfeed/_jpegroi.c, fastfeed/_resize.c: optional C extensions, built by the editable install (pyproject)
+$(VENV)/.installed: pyproject.toml fastfeed/_jpegroi.c fastfeed/_resize.c | $(PY)
 	$(PIP) install $(TORCH)
 	$(PIP) install -e '.[dev,s3,turbo]'
 	touch $@
@@ -60,7 +60,7 @@ $(BENCH_PY):
 	$(BENCH_PIP) install --upgrade pip
 
 # apt-get runs only when one of the Debian packages ffcv builds against is missing.
-$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt fastfeed/_jpegroi.c | $(BENCH_PY)
+$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt fastfeed/_jpegroi.c fastfeed/_resize.c | $(BENCH_PY)
 	@missing="$$(for p in $(BENCH_APT); do dpkg -s $$p >/dev/null 2>&1 || printf '%s ' $$p; done)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "apt-get install -y $$missing"; \

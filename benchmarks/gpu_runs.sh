@@ -117,6 +117,7 @@ roi)
   INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   SUF=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF" 2>&1 | tail -3 | tee "$OUT/roi_build.log"
+  gcc -O3 -shared -fPIC -I"$INC" fastfeed/_resize.c -o "fastfeed/_resize$SUF" 2>&1 | tail -3 | tee -a "$OUT/roi_build.log"
   python3 -c "from fastfeed.decode import roi; print('region decoding built:', roi.available())" 2>&1 | tee -a "$OUT/roi_build.log"
   taskset -c $CORES16 python3 benchmarks/decode_per_core.py --images 512 --repeat 3 2>&1 | tail -12 | tee "$OUT/decode_per_core_roi.log" ;;
 raw)
@@ -125,6 +126,7 @@ raw)
   INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   SUF=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   [ -f "fastfeed/_jpegroi$SUF" ] || gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF"
+  [ -f "fastfeed/_resize$SUF" ] || gcc -O3 -shared -fPIC -I"$INC" fastfeed/_resize.c -o "fastfeed/_resize$SUF"
   taskset -c $CORES16 python3 benchmarks/loader_raw.py --source .dali-bench/imagenet-sample \
       --peers ${RAW_PEERS:-fastfeed-raw-map,fastfeed-raw-rows,fastfeed-jpeg} \
       ${RAW_ARGS:---images 10000 --workers 16 --batch-size 128 --time 8 --repeat 1} \
