@@ -15,7 +15,8 @@
 #   bash benchmarks/gpu_runs.sh dalivar   # issue 6: DALI decoder options one at a time (dali_variants.py, ~2 min)
 #   bash benchmarks/gpu_runs.sh roi       # issue 3: build fastfeed/_jpegroi there, per-core decode (~1.5 min)
 #   bash benchmarks/gpu_runs.sh raw       # issue 20: raw-pixel shards vs JPEG on 16 cores, raw pixels read
-#                                         #   through the map and as rows (loader_raw.py; builds _jpegroi; ~4 min)
+#                                         #   through the map and as rows (loader_raw.py; builds _jpegroi and
+#                                         #   _resize), then resize_kernel.py on one core (~5 min)
 #   bash benchmarks/gpu_runs.sh dalibuild # issue 20: what a first Pipeline.build() costs, per variant (~1 min)
 #
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
@@ -130,7 +131,10 @@ raw)
   taskset -c $CORES16 python3 benchmarks/loader_raw.py --source .dali-bench/imagenet-sample \
       --peers ${RAW_PEERS:-fastfeed-raw-map,fastfeed-raw-rows,fastfeed-jpeg} \
       ${RAW_ARGS:---images 10000 --workers 16 --batch-size 128 --time 8 --repeat 1} \
-      --json "$OUT/loader_raw.json" 2>&1 | tee "$OUT/loader_raw.log" | grep -v "^RESULT" ;;
+      --json "$OUT/loader_raw.json" 2>&1 | tee "$OUT/loader_raw.log" | grep -v "^RESULT"
+  # the bilinear step alone, one core: fastfeed._resize vs OpenCV (from the page cache and hot)
+  taskset -c 0 python3 benchmarks/resize_kernel.py --source .dali-bench/imagenet-sample --images 2000 \
+      --json "$OUT/resize_kernel.json" 2>&1 | tee "$OUT/resize_kernel.log" | tail -8 ;;
 dalibuild)
   taskset -c $CORES16 python3 benchmarks/dali_build.py --images .dali-bench/imagenet-sample \
       --json "$OUT/dali_build.json" 2>&1 | tee "$OUT/dali_build.log" ;;

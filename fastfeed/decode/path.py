@@ -5,6 +5,9 @@ Three paths, best first (issue 17: ``pip install fastfeed`` must give the first)
 - ``region``: simplejpeg + OpenCV (core dependencies) and the C extension
   ``fastfeed._jpegroi``: every JPEG crop decodes only its region; restart-marked JPEGs
   (``fastfeed pack``'s default) only the crop's segments.
+
+The line also names the bilinear resize (:func:`fastfeed.decode.resize.kernel`: the C
+extension ``fastfeed._resize`` or OpenCV).
 - ``restart-cut``: the extension is not built (no C compiler or libjpeg-turbo headers at
   install): restart-marked JPEGs are cut in Python (:func:`fastfeed.decode.roi.cut_restarts`),
   plain JPEGs decoded whole.
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import get_worker_info
 
-from fastfeed.decode import roi
+from fastfeed.decode import resize, roi
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError
 
@@ -87,13 +90,15 @@ def decode_path(backend: str = "auto") -> DecodePath:
         fix = "" if backend == "pillow" else "; pip install simplejpeg opencv-python-headless"
         return DecodePath("pillow", f"decode: Pillow ({why}); {_COST_PILLOW} the CPU per image of the "
                           f"default path (simplejpeg + OpenCV, crops decoded by region){fix}", backend != "pillow")
+    resized = f"; bilinear resize: {resize.kernel()}"
     if roi.available():
         return DecodePath("region", "decode: simplejpeg + OpenCV; JPEG crops decoded by region "
-                          "(fastfeed._jpegroi; restart-marked JPEGs, fastfeed pack's default, cut by segment)", False)
+                          "(fastfeed._jpegroi; restart-marked JPEGs, fastfeed pack's default, cut by segment)"
+                          + resized, False)
     return DecodePath("restart-cut", "decode: simplejpeg + OpenCV without fastfeed._jpegroi (not built: no C compiler "
                       "or libjpeg-turbo headers when fastfeed was installed); crops of restart-marked JPEGs "
                       f"(fastfeed pack's default) are cut in Python, {_COST_PY_CUT} the CPU per image; plain "
-                      f"JPEGs are decoded whole, {_COST_FULL}; {_BUILD_FIX}", True)
+                      f"JPEGs are decoded whole, {_COST_FULL}{resized}; {_BUILD_FIX}", True)
 
 
 _REPORTED = False
