@@ -27,9 +27,9 @@
  *       required, but each output pixel reads only its two nearest source pixels per
  *       side (no anti-aliasing), so shrink by more than 2x first.
  *   simd() -> str
- *       "ssse3" or "scalar": the path resize() takes on this CPU.
- *   force_scalar(flag) -> None
- *       For tests: take the scalar path even where SIMD is available.
+ *       "avx2", "ssse3" or "scalar": the path resize() takes on this CPU.
+ *   limit(name) -> None
+ *       Use at most that instruction set ("scalar", "ssse3", "avx2"), for tests and benchmarks.
  *
  * The GIL is released while it runs. Memory: one row buffer per call (crop width x 3 +
  * 64 bytes), on the stack up to 16 KiB.
@@ -53,7 +53,19 @@
 #define RS_W 127     /* weights of a pair sum to this */
 #define RS_PAD 64    /* slack after the row buffer: 16-byte loads may read past the crop's last pixel */
 
-static int rs_force_scalar = 0;
+/* The instruction sets, best last; rs_limit caps the one used (tests compare them). */
+enum { RS_SCALAR = 0, RS_SSSE3 = 1, RS_AVX2 = 2 };
+static const char *rs_names[] = {"scalar", "ssse3", "avx2"};
+static int rs_limit = RS_AVX2;
+
+static int rs_level(void) {
+    int level = RS_SCALAR;
+#if RS_X86
+    if (__builtin_cpu_supports("ssse3")) level = RS_SSSE3;
+    if (__builtin_cpu_supports("avx2")) level = RS_AVX2;
+#endif
+    return level < rs_limit ? level : rs_limit;
+}
 
 /* OpenCV's source coordinate of output index i (of n) over a source of m: (index, 7-bit weight of index + 1). */
 static void rs_coord(int i, int n, int m, int *idx, int *wb) {
@@ -140,6 +152,43 @@ __attribute__((target("ssse3"))) static void rs_horizontal_ssse3(const uint8_t *
         }
     }
 }
+
+/* The same two passes 32 bytes / four output pixels at a time; the last one or two steps of
+ * a row go through the SSSE3 code (which writes the row's last bytes exactly). */
+__attribute__((target("avx2"))) static void rs_vertical_avx2(const uint8_t *r0, const uint8_t *r1, uint8_t *out,
+                                                             int n, int wb) {
+    const __m256i w = _mm256_set1_epi16((short)(((RS_W - wb) & 0xff) | (wb << 8)));
+    const __m256i k = _mm256_set1_epi16(258);
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(r0 + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(r1 + i));
+        __m256i lo = _mm256_mulhrs_epi16(_mm256_maddubs_epi16(_mm256_unpacklo_epi8(a, b), w), k);
+        __m256i hi = _mm256_mulhrs_epi16(_mm256_maddubs_epi16(_mm256_unpackhi_epi8(a, b), w), k);
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_packus_epi16(lo, hi)); /* in-lane: order kept */
+    }
+    rs_vertical_ssse3(r0 + i, r1 + i, out + i, n - i, wb);
+}
+
+__attribute__((target("avx2"))) static void rs_horizontal_avx2(const uint8_t *row, uint8_t *out, int ow,
+                                                               const int *base, const uint8_t *masks,
+                                                               const uint8_t *weights) {
+    const __m256i k = _mm256_set1_epi16(258);
+    const int steps = ow / 2;
+    int s = 0;
+    for (; s + 2 < steps; s += 2) { /* at least one step follows, so the 2-byte overrun is rewritten */
+        __m256i px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + base[s]))),
+            _mm_loadu_si128((const __m128i *)(row + base[s + 1])), 1);
+        __m256i m = _mm256_loadu_si256((const __m256i *)(masks + 16 * s));
+        __m256i w = _mm256_loadu_si256((const __m256i *)(weights + 16 * s));
+        __m256i v = _mm256_mulhrs_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(px, m), w), k);
+        v = _mm256_packus_epi16(v, v);
+        _mm_storel_epi64((__m128i *)(out + 6 * s), _mm256_castsi256_si128(v));
+        _mm_storel_epi64((__m128i *)(out + 6 * s + 6), _mm256_extracti128_si256(v, 1));
+    }
+    rs_horizontal_ssse3(row, out + 6 * s, ow - 2 * s, base + s, masks + 16 * s, weights + 16 * s);
+}
 #endif
 
 /* Source rows are short streams (a crop's width, ~1 KB) that the hardware prefetcher
@@ -169,10 +218,7 @@ static inline void rs_prefetch(const rs_job *j, int y) {
 /* The resize itself (no Python objects: runs without the GIL). Returns 0, or -1 on allocation failure. */
 static int rs_run(const rs_job *j) {
     const int ow = j->ow, cw = j->cw, n = 3 * cw;
-    int simd = 0;
-#if RS_X86
-    simd = !rs_force_scalar && __builtin_cpu_supports("ssse3");
-#endif
+    int simd = rs_level();
     /* per output column: source pixel and weight; the output is mirrored by reading the table backwards */
     int xs_stack[1024], wx_stack[1024], base_stack[512];
     uint8_t mask_stack[512 * 16], weight_stack[512 * 16], row_stack[16384];
@@ -234,6 +280,15 @@ static int rs_run(const rs_job *j) {
         const uint8_t *r1 = sy + 1 < j->ch ? r0 + j->sstride : r0;
         uint8_t *out = j->dst + (size_t)y * ow * 3;
 #if RS_X86
+        if (simd == RS_AVX2) {
+            if (wy == 0)
+                memcpy(row, r0, n);
+            else
+                rs_vertical_avx2(r0, r1, row, n, wy);
+            rs_horizontal_avx2(row, out, ow, base, masks, weights);
+            if (ow & 1) rs_horizontal_scalar(row, out + 3 * (ow - 1), 1, xs + ow - 1, wx + ow - 1);
+            continue;
+        }
         if (simd) {
             if (wy == 0)
                 memcpy(row, r0, n);
@@ -298,26 +353,28 @@ done:
     return ret;
 }
 
-static PyObject *rs_simd(PyObject *self, PyObject *noargs) {
-#if RS_X86
-    if (!rs_force_scalar && __builtin_cpu_supports("ssse3")) return PyUnicode_FromString("ssse3");
-#endif
-    return PyUnicode_FromString("scalar");
-}
+static PyObject *rs_simd(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(rs_names[rs_level()]); }
 
-static PyObject *rs_set_scalar(PyObject *self, PyObject *args) {
-    int flag;
-    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
-    rs_force_scalar = flag;
-    Py_RETURN_NONE;
+static PyObject *rs_set_limit(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    for (int i = 0; i <= RS_AVX2; i++) {
+        if (strcmp(name, rs_names[i]) == 0) {
+            rs_limit = i;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "limit(%R): choose scalar, ssse3 or avx2", PyTuple_GET_ITEM(args, 0));
+    return NULL;
 }
 
 static PyMethodDef rs_methods[] = {
     {"resize", rs_resize, METH_VARARGS,
      "resize(src, dst, flip=False): bilinear resize of the (h, w, 3) uint8 src into the C-contiguous "
      "(oh, ow, 3) uint8 dst, mirrored when flip"},
-    {"simd", rs_simd, METH_NOARGS, "simd() -> 'ssse3' or 'scalar': the path resize() takes on this CPU"},
-    {"force_scalar", rs_set_scalar, METH_VARARGS, "force_scalar(flag): take the scalar path (tests)"},
+    {"simd", rs_simd, METH_NOARGS, "simd() -> 'avx2', 'ssse3' or 'scalar': the path resize() takes on this CPU"},
+    {"limit", rs_set_limit, METH_VARARGS,
+     "limit(name): use at most this instruction set ('scalar', 'ssse3', 'avx2'; for tests and benchmarks)"},
     {NULL, NULL, 0, NULL},
 };
 

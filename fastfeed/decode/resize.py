@@ -54,10 +54,10 @@ def _extension() -> Any:
 
 
 def kernel() -> str:
-    """The bilinear resize this process uses: ``fastfeed._resize (ssse3)`` or ``OpenCV INTER_LINEAR``.
+    """The bilinear resize this process uses: ``fastfeed._resize (avx2)`` (or ``(ssse3)``), or ``OpenCV INTER_LINEAR``.
 
     Example:
-        >>> kernel() in ("fastfeed._resize (ssse3)", "OpenCV INTER_LINEAR")
+        >>> kernel() in ("fastfeed._resize (avx2)", "fastfeed._resize (ssse3)", "OpenCV INTER_LINEAR")
         True
     """
     mod = _extension()

@@ -1,8 +1,8 @@
 """The bilinear resize kernel (``fastfeed._resize``) and ``resize_into``'s use of it.
 
 The kernel is checked against an independent float64 bilinear resize written here with
-OpenCV's pixel-centre coordinates, against OpenCV itself, and its SSSE3 path against its
-scalar path (the same integers by construction), over many shapes: odd and even, up and
+OpenCV's pixel-centre coordinates, against OpenCV itself, and its AVX2 and SSSE3 paths
+against its scalar path (the same integers by construction), over many shapes: odd and even, up and
 down, 1-pixel sides, crops that are views of larger images (any row stride), outputs
 wider than the kernel's stack tables.
 """
@@ -113,19 +113,33 @@ def test_crop_views_read_only_the_crop() -> None:
         assert np.array_equal(_ext(poisoned[top:top + h, left:left + w], 64, 80), _ext(view, 64, 80))
 
 
+LEVELS = ("scalar", "ssse3", "avx2")
+
+
 @needs_simd
 @settings(max_examples=150, deadline=None)
 @given(h=st.integers(1, 300), w=st.integers(1, 300), oh=st.integers(1, 240), ow=st.integers(1, 240),
        flip=st.booleans(), seed=st.integers(0, 2**31))
-def test_simd_equals_scalar(h: int, w: int, oh: int, ow: int, flip: bool, seed: int) -> None:
+def test_every_instruction_set_gives_the_scalar_integers(h: int, w: int, oh: int, ow: int, flip: bool,
+                                                         seed: int) -> None:
     img = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    simd = _ext(img, oh, ow, flip)
-    _resize.force_scalar(True)
+    best = _resize.simd()
+    got = {}
     try:
-        scalar = _ext(img, oh, ow, flip)
+        for level in LEVELS[: LEVELS.index(best) + 1]:
+            _resize.limit(level)
+            assert _resize.simd() == level
+            got[level] = _ext(img, oh, ow, flip)
     finally:
-        _resize.force_scalar(False)
-    assert np.array_equal(simd, scalar)
+        _resize.limit("avx2")
+    for level, out in got.items():
+        assert np.array_equal(out, got["scalar"]), level
+
+
+@needs_ext
+def test_limit_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="scalar, ssse3 or avx2"):
+        _resize.limit("neon")
 
 
 @needs_ext
@@ -189,7 +203,8 @@ def test_resize_into_uses_the_kernel_or_opencv() -> None:
     dst = np.empty((224, 224, 3), np.uint8)
     resize.resize_into(cv2, crop, dst, flip=True)
     assert np.abs(dst[:, ::-1].astype(np.int16) - reference(crop, 224, 224)).max() <= 3.0
-    expected = "fastfeed._resize (ssse3)" if _resize is not None and _resize.simd() != "scalar" else "OpenCV INTER_LINEAR"
+    expected = (f"fastfeed._resize ({_resize.simd()})" if _resize is not None and _resize.simd() != "scalar"
+                else "OpenCV INTER_LINEAR")
     assert resize.kernel() == expected
     code = "from fastfeed.decode import resize; print(resize.kernel())"
     env = dict(os.environ, **{resize.NO_EXTENSION_ENV: "1"})
