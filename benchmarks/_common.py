@@ -375,6 +375,7 @@ def measure_source(
     make_iter: Callable[[], Iterable[Any]], *, num_workers: int, prefetch_factor: int | None,
     steady_time: float, min_batches: int = 12, max_time: float | None = None,
     samples_of: Callable[[Any], int] | None = None, consume: Callable[[Any], None] | None = None,
+    sample_memory: bool = True,
 ) -> tuple[Measurement, float | None]:
     """Steady-state throughput of a loader through :func:`fastfeed.timing.measure.measure`.
 
@@ -384,6 +385,10 @@ def measure_source(
     ``max_time`` in all (default ``4 x steady_time + 180`` s). Memory is sampled.
     ``samples_of`` counts what a batch holds (default: its samples; the text benchmarks
     count tokens), ``consume`` sees every batch (as :func:`~fastfeed.timing.measure.measure`).
+    ``sample_memory=False`` leaves out the memory samples: each reads every process's
+    ``/proc/PID/smaps_rollup``, whose kernel walk grows with the pages a process has mapped
+    and lands in the CPU figure (with 16 workers that each map 5 GB of raw shards it more than
+    doubled the CPU per image on the h200 host; benchmarks/RESULTS.md, session 8).
 
     Returns:
         The measurement and the steady CPU seconds per image (:class:`CpuMeter`).
@@ -396,7 +401,7 @@ def measure_source(
     m = measure(lambda: meter.wrap(make_iter()), num_workers=num_workers, **extra,
                 prefetch_factor=prefetch_factor, min_batches=min_batches, min_time=steady_time,
                 max_time=max_time if max_time is not None else 4 * steady_time + 180,
-                sample_memory=True)
+                sample_memory=sample_memory)
     return m, meter.cpu_per_image()
 
 

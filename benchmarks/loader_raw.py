@@ -19,6 +19,10 @@ Two figures per loader: wall-clock img/s and images per CPU-second of the loader
 (``_common.CpuMeter``; meaningful on a shared machine), and for the raw loaders the MB/s the
 storage must deliver at the measured rate when the shards are not in the page cache.
 
+The CPU figures leave out memory sampling (``LOADER_RAW_MEMORY=1`` puts it back): reading
+``/proc/PID/smaps_rollup`` walks every mapped page, so it charged memory-mapped raw shards
+for the benchmark's own probing (session 8, benchmarks/RESULTS.md).
+
 Data: ``shared/data/imagenet-sample``'s 47 real photos replicated to ``--images`` files (made
 once under ``bench-data/``), else (no shared data) ``tools.synth`` JPEGs.
 
@@ -179,8 +183,10 @@ def _measure_one(name: str, data: dict[str, Path], s: Setup, steady: float) -> d
     try:
         # bounded: with epochs of a few batches (2,000 images) the rate never settles to
         # measure()'s tolerance, which then runs to its default limit (4 x steady + 180 s)
+        # no memory samples: their smaps_rollup walks cost CPU in proportion to the mapped pages, which
+        # would charge memory-mapped raw shards (16 workers x 5 GB) for the benchmark's own probing
         m, cpu = measure_source(built.epoch, num_workers=s.workers, prefetch_factor=s.prefetch, steady_time=steady,
-                                max_time=3 * steady + 30)
+                                max_time=3 * steady + 30, sample_memory=os.environ.get("LOADER_RAW_MEMORY") == "1")
     finally:
         built.close()
     return {"measurement": m.to_json(with_times=True), "cpu_s_per_img": cpu, "what": built.what,

@@ -415,10 +415,8 @@ def _cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
                              tokens_field=tokens_field)
     else:
         decoder = RawDecoder(o.transform, pad=padding)
-    # every worker of every rank reads its own share of an epoch (raw pixels: DatasetReader.raw_reads)
-    splits = max(1, o.world_size) * max(1, workers)
     readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.cache_size, storage_options=o.storage_options,
-                           max_open=_max_open(idx, o.shuffle_block, o.cache_dir), splits=splits)
+                           max_open=_max_open(idx, o.shuffle_block, o.cache_dir))
                for idx in sources.indexes]
     shape = Stage(o.world_size, o.batch_size, mode_of(drop_last=o.drop_last, pad=o.pad))
     dataset: ShardBatches | TokenBatches

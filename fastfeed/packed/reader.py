@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 
 _MAX_OPEN_FILES = 64
 RAW_READS = ("map", "rows")  # how raw pixels are read: DatasetReader.raw_reads
-# ... "map" up to this many processes sharing an epoch: measured (benchmarks/RESULTS.md, raw-pixel
-# shards) map 1.09x rows with 2 workers on a 2-core VM, rows 1.17x-1.35x map with 16 on the H200 host
-MAP_SPLITS = 4
 
 
 def _memory_bytes() -> int:
@@ -116,15 +113,12 @@ class DatasetReader:
         cache_size: bound of that cache.
         storage_options: fsspec options for remote shards.
         max_open: shards kept open per process (least recently used are closed).
-        splits: how many processes share each epoch of this dataset (ranks x DataLoader
-            workers): one of them reads ``1 / splits`` of it per epoch (see :meth:`raw_reads`).
     """
 
     def __init__(self, index: DatasetIndex, *, cache_dir: str | os.PathLike[str] | None = None,
                  cache_size: str | int = "50GB", storage_options: Mapping[str, Any] | None = None,
-                 max_open: int = _MAX_OPEN_FILES, splits: int = 1) -> None:
+                 max_open: int = _MAX_OPEN_FILES) -> None:
         self.index = index
-        self.splits = max(1, int(splits))
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.cache_size = cache_size
         self.storage_options = storage_options
@@ -197,13 +191,14 @@ class DatasetReader:
 
         ``"map"``: a crop is a view of the shard's memory map, the cheapest once its pages are
         mapped in this process. ``"rows"``: the crop's rows are read with ``preadv`` into a
-        buffer the decoder reuses (:mod:`fastfeed.formats.span`), which costs a copy but never
-        a page fault. ``FASTFEED_RAW_READS=map|rows`` chooses; otherwise "rows" when the
-        dataset's shards are larger than a quarter of this machine's memory (samples keep
-        coming back unmapped, evicted from the page cache), or when more than
-        :data:`MAP_SPLITS` processes share each epoch (``splits``: a process reads ``1 / splits``
-        of the samples per epoch, so its map stays mostly unmapped for about ``splits``
-        epochs), and "map" otherwise.
+        buffer the decoder reuses (:mod:`fastfeed.formats.span`), which costs a copy of the
+        crop's full-width rows but never a page fault. ``FASTFEED_RAW_READS=map|rows``
+        chooses; otherwise "rows" when the dataset's shards are larger than a quarter of this
+        machine's memory (samples keep coming back unmapped, evicted from the page cache, and
+        one ``preadv`` reads them from disk in one request), and "map" otherwise, however many
+        processes share an epoch: with 16 workers on 16 cores the map still took 1.46x fewer
+        CPU-seconds per image than rows, with ~0.7 page faults an image (benchmarks/RESULTS.md,
+        raw-pixel shards, session 8).
         """
         if self._raw_reads is None:
             want = os.environ.get("FASTFEED_RAW_READS", "").strip().lower()
@@ -212,7 +207,7 @@ class DatasetReader:
                             "DatasetReader.raw_reads)", want, "|".join(RAW_READS))
             if want not in RAW_READS:
                 total = sum(int(sh.bytes) for sh in self.index.shards)
-                want = "rows" if total > _memory_bytes() // 4 or self.splits > MAP_SPLITS else "map"
+                want = "rows" if total > _memory_bytes() // 4 else "map"
             self._raw_reads = want
         return self._raw_reads
 

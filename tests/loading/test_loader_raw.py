@@ -217,24 +217,24 @@ def test_the_environment_beats_the_size_rule(packs: dict[str, Path], monkeypatch
         r.close()
 
 
-def test_raw_reads_follow_the_processes_sharing_an_epoch(packs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                                         tmp_path: Path) -> None:
-    """Many processes sharing an epoch (ranks x workers) read rows, a few the map, on a machine
-    whose memory holds the dataset; the loader tells its reader how many there are."""
+def test_raw_reads_take_the_map_however_many_processes_share_an_epoch(packs: dict[str, Path],
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """On a machine whose memory holds the dataset, every worker of every rank reads through the
+    map, a few or many (measured: 1.46x fewer CPU-seconds per image than rows with 16 workers);
+    on one whose memory does not, every worker reads rows."""
     monkeypatch.delenv("FASTFEED_RAW_READS", raising=False)
-    monkeypatch.setattr(reader_mod, "_memory_bytes", lambda: 1 << 50)
-    index = resolve_index(packs["tar-raw"])
-    for splits, want in ((1, "map"), (reader_mod.MAP_SPLITS, "map"), (reader_mod.MAP_SPLITS + 1, "rows"), (64, "rows")):
-        assert DatasetReader(index, splits=splits).raw_reads() == want, splits
-    for workers, world, want in ((2, 1, "map"), (1, 8, "rows"), (2, 3, "rows")):
-        seen = tmp_path / f"w{workers}-{world}"
+    for workers, world, memory, want in ((2, 1, 1 << 50, "map"), (1, 8, 1 << 50, "map"), (2, 3, 1 << 50, "map"),
+                                         (2, 3, 1 << 20, "rows")):
+        monkeypatch.setattr(reader_mod, "_memory_bytes", lambda m=memory: m)
+        seen = tmp_path / f"w{workers}-{world}-{memory}"
         seen.mkdir()
         dl = fastfeed.loader(packs["tar-raw"], batch_size=2, image_size=16, num_workers=workers,
                              rank=0, world_size=world, worker_init_fn=partial(_record_raw_reads, str(seen)))
         next(iter(dl))
         del dl
         gc.collect()
-        assert {p.read_text().split()[0] for p in seen.iterdir()} == {want}, (workers, world)
+        assert {p.read_text().split()[0] for p in seen.iterdir()} == {want}, (workers, world, memory)
 
 
 def _boxes(seed: int) -> list:
