@@ -15,7 +15,7 @@
  *      pixels around its centre, two output pixels per 16-byte shuffle.
  * Coordinates are OpenCV's (pixel centres: sx = (x + 0.5) * cw / ow - 0.5, clamped to the
  * crop). Weights have 7 bits and each pass rounds to 8 bits: a value is within 3 levels of
- * exact bilinear (2.2 on noise; OpenCV 0.8) and 0.37 off on average (OpenCV 0.27; tests/decode/test_resize.py).
+ * exact bilinear (2.2 on noise; OpenCV 0.8) and 0.37 off on average (OpenCV 0.27; tests/decode/test_resize_kernel.py).
  * The scalar path computes exactly the same integers as the SIMD path.
  *
  * Python API (fastfeed/decode/resize.py is the only caller):
