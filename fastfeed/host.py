@@ -6,7 +6,10 @@
 - :func:`memory_total` is physical memory, or the cgroup memory limit when lower.
 - :func:`process_memory` measures the main process and its children (DataLoader
   workers) by proportional set size (PSS) where Linux offers it, so the pages that
-  forked workers share copy-on-write are not counted once per worker.
+  forked workers share copy-on-write are not counted once per worker; file-backed pages
+  (libraries' code, memory-mapped shards: page cache the kernel can drop) are left out
+  where the kernel says which they are (``Pss_File``, Linux >= 5.14), so a raw-pixel
+  dataset read through its memory map does not count as the workers' memory.
 
 Example:
     >>> cpu_count() >= 1 and memory_total() > 0
@@ -133,7 +136,8 @@ class MemorySnapshot:
     """Memory of this process and its live children at one moment.
 
     Attributes:
-        main_bytes: this process (PSS, else RSS), or None where it cannot be read.
+        main_bytes: this process (PSS without file-backed pages, else RSS), or None where
+            it cannot be read.
         workers_bytes: the sum over child processes (DataLoader workers), or None.
         workers: how many children were counted.
     """
@@ -150,17 +154,30 @@ class MemorySnapshot:
         return self.main_bytes + (self.workers_bytes or 0)
 
 
+def _kib_fields(text: str) -> dict[str, int]:
+    """``Name:   123 kB`` lines (``/proc/PID/smaps_rollup``, ``status``) as {name: bytes}."""
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            out[name] = int(parts[0]) * 1024
+    return out
+
+
 def _pid_memory(pid: int | str) -> int | None:
-    """PSS of ``pid`` in bytes (``smaps_rollup``), else its RSS (``status``), else None."""
-    text = _read(Path(f"/proc/{pid}/smaps_rollup"))
-    key = "Pss:"
-    if not text:
-        text = _read(Path(f"/proc/{pid}/status"))
-        key = "VmRSS:"
-    for line in (text or "").splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    return None
+    """Memory of ``pid`` in bytes: its PSS without file-backed pages (``smaps_rollup``: ``Pss``
+    minus ``Pss_File`` where the kernel gives it), else its RSS (``status``), else None.
+
+    Example:
+        >>> m = _pid_memory(os.getpid())
+        >>> m is None or m > 0
+        True
+    """
+    rollup = _kib_fields(_read(Path(f"/proc/{pid}/smaps_rollup")) or "")
+    if "Pss" in rollup:
+        return rollup["Pss"] - rollup.get("Pss_File", 0)
+    return _kib_fields(_read(Path(f"/proc/{pid}/status")) or "").get("VmRSS")
 
 
 def _children(pid: int) -> list[str]:

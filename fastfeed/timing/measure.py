@@ -186,8 +186,18 @@ class _Stream:
     checked: int = 0  # len(times) at the last verdict
 
 
+#: The share of a measurement's time that memory snapshots may take (see :class:`_Peak`).
+MEMORY_SHARE = 0.01
+
+
 class _Peak:
-    """Peak memory over snapshots, sampled at most every ``interval`` seconds."""
+    """Peak memory over snapshots, sampled at most every ``interval`` seconds, and less often
+    when a snapshot is slow: at most :data:`MEMORY_SHARE` of the time goes to sampling.
+
+    A snapshot reads each process's ``/proc/PID/smaps_rollup``, a walk over every page the
+    process maps: ~10 ms for two workers that map 1 GB of raw-pixel shards on the 2-core VM,
+    and the walks slow the workers they read (benchmarks/RESULTS.md, session 8).
+    """
 
     def __init__(self, enabled: bool, interval: float) -> None:
         self.enabled, self.interval = enabled, interval
@@ -198,8 +208,9 @@ class _Peak:
     def sample(self, now: float, force: bool = False) -> None:
         if not self.enabled or (now < self._next and not force):
             return
-        self._next = now + self.interval
+        t0 = time.perf_counter()
         snap: MemorySnapshot = process_memory()
+        self._next = now + max(self.interval, (time.perf_counter() - t0) / MEMORY_SHARE)
         if snap.main_bytes is not None:
             self.main = max(self.main or 0, snap.main_bytes)
             self.workers = max(self.workers or 0, snap.workers_bytes or 0)

@@ -189,6 +189,63 @@ def test_measure_real_clock_and_memory() -> None:
     json.dumps(m.to_json(with_times=True))
 
 
+def test_process_memory_leaves_out_file_backed_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PSS without ``Pss_File``: a file read through a memory map (raw-pixel shards) is page
+    cache, not the process's memory; anonymous memory is counted."""
+    import mmap
+
+    from fastfeed import host
+
+    rollup = "x [rollup]\nRss:  9000 kB\nPss:  5000 kB\nPss_Anon:  1200 kB\nPss_File:  3000 kB\nPss_Shmem: 800 kB\n"
+    monkeypatch.setattr(host, "_read", lambda path: rollup if path.name == "smaps_rollup" else None)
+    assert host._pid_memory(1) == (5000 - 3000) * 1024
+    monkeypatch.setattr(host, "_read", lambda path: "Pss:  5000 kB\n" if path.name == "smaps_rollup" else None)
+    assert host._pid_memory(1) == 5000 * 1024  # an older kernel: no Pss_File line
+    monkeypatch.setattr(host, "_read", lambda path: "VmRSS:\t  7000 kB\n" if path.name == "status" else None)
+    assert host._pid_memory(1) == 7000 * 1024
+    monkeypatch.undo()
+
+    if host._pid_memory(os.getpid()) is None or "Pss_File" not in (host._read(Path("/proc/self/smaps_rollup")) or ""):
+        pytest.skip("no /proc/PID/smaps_rollup with Pss_File here")
+    f = tmp_path / "shard.bin"
+    f.write_bytes(os.urandom(64 << 20))
+    before = host._pid_memory(os.getpid())
+    with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        total = sum(mm[i] for i in range(0, len(mm), mmap.PAGESIZE))  # touch every page
+        mapped = host._pid_memory(os.getpid())
+        anon = bytearray(os.urandom(64 << 20))
+        grown = host._pid_memory(os.getpid())
+    assert total >= 0 and len(anon) == 64 << 20
+    assert mapped - before < 16 << 20, (before, mapped)  # the 64 MB map is not counted
+    assert grown - mapped > 48 << 20, (mapped, grown)  # 64 MB of anonymous memory is
+
+
+def test_memory_sampling_backs_off_when_a_snapshot_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot that takes 20 ms makes the next one wait >= 2 s (1% of the time), not 0.5 s."""
+    import time as _time
+
+    from fastfeed.host import MemorySnapshot
+    from fastfeed.timing import measure as measure_mod
+
+    calls: list[float] = []
+
+    def slow() -> MemorySnapshot:
+        calls.append(0)
+        _time.sleep(0.02)
+        return MemorySnapshot(10, 20, 1)
+
+    monkeypatch.setattr(measure_mod, "process_memory", slow)
+    peak = measure_mod._Peak(True, 0.5)
+    peak.sample(0.0)
+    for now in (0.6, 1.0, 1.9):
+        peak.sample(now)
+    assert len(calls) == 1 and peak.main == 10 and peak.workers == 20
+    peak.sample(2.1)
+    assert len(calls) == 2
+    peak.sample(2.2, force=True)  # a forced sample is taken whatever the interval
+    assert len(calls) == 3
+
+
 def test_count_samples() -> None:
     torch = pytest.importorskip("torch")
     assert count_samples({"__key__": ["a", "b", "c"], "image": torch.zeros(3, 2)}) == 3
