@@ -5,7 +5,8 @@
  * most 2x the output on each side (larger ones are halved by OpenCV's INTER_AREA first)
  * to the output size, e.g. 224 x 224. OpenCV's INTER_LINEAR spends ~80 us on that here
  * (2-core Xeon VM), 70% of a raw-pixel loader worker's time; this kernel does it in about
- * half with SSSE3 shuffles and byte multiply-adds, and writes the mirrored image when
+ * half with SSSE3 or AVX2 shuffles and byte multiply-adds (chosen at run time), and writes
+ * the mirrored image when
  * asked, so no separate flip pass is needed.
  *
  * Method (separable, vertical pass first):

@@ -4,12 +4,13 @@ Pure numpy, the OpenCV module passed in and the optional C extension ``fastfeed.
 (no torch, so ``fastfeed.pack`` can use it too).
 
 The last, bilinear step runs in ``fastfeed._resize`` when it is built (``pip install``
-builds it with any C compiler; no library needed) and the CPU has SSSE3: about 1.8x faster
-than OpenCV's ``INTER_LINEAR`` on a 224 x 224 output, flip included (40 vs 73 us per crop
-on the 2-core VM, ``benchmarks/resize_kernel.py``). Its values differ from OpenCV's by
-< 0.5 on average (7-bit weights, two rounded passes; at most a few levels at sharp
-edges). ``FASTFEED_NO_RESIZE_EXT=1`` in the environment (read once per process) resizes
-with OpenCV instead; :func:`kernel` says which one this process uses.
+builds it with any C compiler; no library needed) and the CPU has SSSE3 (AVX2 where it has
+it): about 2x OpenCV's ``INTER_LINEAR`` on a 224 x 224 output, flip included (2.0-2.1x on the
+2-core VM, 2.3-3.1x on the H200 host; ``benchmarks/resize_kernel.py``). Its values are within
+3 levels of exact bilinear, 0.37 off on average (OpenCV: 0.27; 7-bit weights, two rounded
+passes). ``FASTFEED_NO_RESIZE_EXT=1`` in the environment (read at a process's first resize;
+forked workers inherit the choice) resizes with OpenCV instead; :func:`kernel` says which one
+this process uses.
 
 Example:
     >>> import cv2
@@ -30,16 +31,15 @@ __all__ = ["NO_EXTENSION_ENV", "kernel", "resize_into", "resize_into_pillow"]
 
 NO_EXTENSION_ENV = "FASTFEED_NO_RESIZE_EXT"
 
-_EXT: dict[int, Any] = {}  # pid -> fastfeed._resize, or None (not built, no SIMD, or turned off)
+_UNSET = object()
+_EXT: Any = _UNSET  # fastfeed._resize, or None (not built, no SIMD, or turned off); forked workers inherit it
 
 
 def _extension() -> Any:
     """This process's ``fastfeed._resize`` when it is used (see the module docstring), else None."""
-    pid = os.getpid()
-    try:
-        return _EXT[pid]
-    except KeyError:
-        pass
+    global _EXT
+    if _EXT is not _UNSET:
+        return _EXT
     mod = None
     if os.environ.get(NO_EXTENSION_ENV, "") in ("", "0"):
         try:
@@ -48,8 +48,7 @@ def _extension() -> Any:
             mod = None
         if mod is not None and mod.simd() == "scalar":  # no SSSE3 (e.g. ARM): OpenCV's NEON code is faster
             mod = None
-    _EXT.clear()
-    _EXT[pid] = mod
+    _EXT = mod
     return mod
 
 
