@@ -6,8 +6,7 @@
  * to the output size, e.g. 224 x 224. OpenCV's INTER_LINEAR spends ~80 us on that here
  * (2-core Xeon VM), 70% of a raw-pixel loader worker's time; this kernel does it in about
  * half with SSSE3 or AVX2 shuffles and byte multiply-adds (chosen at run time), and writes
- * the mirrored image when
- * asked, so no separate flip pass is needed.
+ * the mirrored image when asked, so no separate flip pass is needed.
  *
  * Method (separable, vertical pass first):
  *   1. For each output row y, the two source rows around its centre are blended into a
