@@ -5,13 +5,13 @@ Three paths, best first (issue 17: ``pip install fastfeed`` must give the first)
 - ``region``: simplejpeg + OpenCV (core dependencies) and the C extension
   ``fastfeed._jpegroi``: every JPEG crop decodes only its region; restart-marked JPEGs
   (``fastfeed pack``'s default) only the crop's segments.
-
-The line also names the bilinear resize (:func:`fastfeed.decode.resize.kernel`: the C
-extension ``fastfeed._resize`` or OpenCV).
 - ``restart-cut``: the extension is not built (no C compiler or libjpeg-turbo headers at
   install): restart-marked JPEGs are cut in Python (:func:`fastfeed.decode.roi.cut_restarts`),
   plain JPEGs decoded whole.
 - ``pillow``: simplejpeg or OpenCV does not import (or ``decode_backend="pillow"``).
+
+The line also names the bilinear resize (:func:`fastfeed.decode.resize.kernel`: the C
+extension ``fastfeed._resize`` or OpenCV).
 
 Example:
     >>> decode_path("pillow").name

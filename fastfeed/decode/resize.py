@@ -70,8 +70,9 @@ def resize_into(cv2: Any, crop: np.ndarray, dst: np.ndarray, flip: bool) -> None
     pairs (an odd row count loses the last row, an odd column count the first column):
     both sides with OpenCV's 2x2 ``INTER_AREA`` fast path, one side with
     ``INTER_LINEAR`` at exactly 2x, which is the same pair average. What is left (< 2x)
-    is bilinear (``fastfeed._resize`` when built, else OpenCV). That keeps ``INTER_AREA``'s anti-aliasing at a fraction of its cost at
-    other ratios (~1.3 ms vs ~0.45 ms for a 460x300 crop to 224x224 here). The JPEG and
+    is bilinear (``fastfeed._resize`` when built, else OpenCV). That keeps ``INTER_AREA``'s
+    anti-aliasing at a fraction of its cost at other ratios (~1.3 ms vs ~0.45 ms for a
+    460x300 crop to 224x224 here). The JPEG and
     the raw-pixel paths (:mod:`fastfeed.decode.raw`) both resize with it.
 
     Example:
