@@ -494,7 +494,7 @@ def store_tune_result(ds: Path, setting: Setting, rate: float, cfg: Config, how:
     import fastfeed
     from fastfeed.dist import local_world_size
     from fastfeed.packed.index import DatasetIndex
-    from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
+    from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
 
     index = DatasetIndex.load(ds)
     batch = setting["batch_size"]

@@ -42,7 +42,7 @@ from benchmarks._common import environment, log, pack_once, synth_image_folder  
 from fastfeed._util import parse_duration  # noqa: E402
 from fastfeed.diagnosis.api import doctor  # noqa: E402
 from fastfeed.tuning.api import measure_loader  # noqa: E402
-from fastfeed.loading.knobs import Setting  # noqa: E402
+from fastfeed.knobs.space import Setting  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

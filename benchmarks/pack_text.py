@@ -76,7 +76,7 @@ def run_one(tool: str, parquet: str, tok: str, out: str, workers: str) -> dict[s
     if tool == "fastfeed":
         import fastfeed  # noqa: F401 - imported before the clock starts, as datasets is below
         import fastfeed.cli  # noqa: F401
-        import fastfeed.packing.tokenize  # noqa: F401
+        import fastfeed.packing.content.tokenize  # noqa: F401
         import tokenizers  # noqa: F401
 
         c0, t0 = _cpu_seconds(), time.perf_counter()

@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastfeed.loading.planner import plan_rank, plan_spec
-from fastfeed.loading.selection import select
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec
+from fastfeed.loading.order.selection import select
 
 
 def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:

@@ -45,7 +45,7 @@ import numpy as np
 
 from fastfeed.sampling.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats
 from fastfeed.sampling.costmodel import CostModel
-from fastfeed.sampling.planning import CostFn, Plan
+from fastfeed.sampling.steps import CostFn, Plan
 from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 BATCH = 16          # fixed batch size per rank

@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO))
 from fastfeed.host import cpu_count, host_info  # noqa: E402
 from fastfeed.packed.index import DatasetIndex  # noqa: E402
 from fastfeed.tuning.api import measure_loader, tune  # noqa: E402
-from fastfeed.loading.knobs import Setting  # noqa: E402
+from fastfeed.knobs.space import Setting  # noqa: E402
 
 
 # ---------------------------------------------------------------------- data

@@ -24,7 +24,7 @@ from fastfeed.cli import (
     build_parser,
     main,
 )
-from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record, stored_record
+from fastfeed.knobs.record import TuneKey, TuneRecord, save_record, stored_record
 from fastfeed.packed.index import DatasetIndex
 
 pytestmark = pytest.mark.usefixtures("isolated_store")  # see tests/conftest.py
@@ -235,7 +235,7 @@ def test_tune_keeps_a_better_stored_result(photos: Path, tmp_path: Path,
 
 def test_better_stored_policy() -> None:
     from fastfeed.host import host_info
-    from fastfeed.loading.tuned import better_stored
+    from fastfeed.knobs.record import better_stored
 
     key = TuneKey("f", host_info(), 1, 64, "cpu", None)
 

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from fastfeed.loading.tuned import candidate_files
+from fastfeed.knobs.record import candidate_files
 
 TESTS = Path(__file__).resolve().parent
 

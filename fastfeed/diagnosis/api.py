@@ -71,7 +71,7 @@ from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.loading.auto import resolve_auto
-from fastfeed.loading.knobs import Setting
+from fastfeed.knobs.space import Setting
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index
 from fastfeed.storage.remote import is_url

@@ -26,7 +26,7 @@ from fastfeed.diagnosis.report import Stage
 from fastfeed.errors import FastfeedError
 from fastfeed.loading.bottleneck import LoadProfile
 from fastfeed.loading.dali.backend import DALI_INSTALL, dali_available
-from fastfeed.loading.knobs import Setting
+from fastfeed.knobs.space import Setting
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.sampling.balance import balance_report
 from fastfeed.timing.measure import Measurement
@@ -64,7 +64,7 @@ class Run:
     """What every stage needs: the dataset, the loader setting and shape, the budget, the sink."""
 
     path: str
-    setting: Any  # fastfeed.loading.knobs.Setting
+    setting: Any  # fastfeed.knobs.space.Setting
     batch_size: int
     decode: str | None
     image_size: tuple[int, int] | None

@@ -1,17 +1,13 @@
-"""``fastfeed.loader()``: the DataLoader to put in a training script.
+"""``fastfeed.loader()``: the front door, the DataLoader to put in a training script.
 
-The one module that knows DataLoader's arguments. It resolves ``num_workers`` /
-``prefetch_factor`` ``"auto"`` (:func:`fastfeed.loading.auto.resolve_auto`), builds a
-:class:`~fastfeed.loading.dataset.ShardBatches`
-and wraps it in :class:`Loader`, a ``torch.utils.data.DataLoader`` subclass (so
-Lightning, Accelerate and plain loops accept it) with ``set_epoch``, ``state_dict`` /
-``load_state_dict``, ``len()`` in batches and always-on ``stats``.
-
-The arguments are validated once, into :class:`~fastfeed.loading.options.LoaderOptions`
+It validates the arguments once, into :class:`~fastfeed.loading.options.LoaderOptions`
 (:func:`~fastfeed.loading.options.loader_options`, which also resolves rank and world
-size), before any data is read; ``decode="dali"`` hands them to
+size), before any data is read; opens the datasets and their selections
+(:func:`~fastfeed.loading.sources.open_sources`); and hands both to one backend:
+:func:`fastfeed.loading.cpu.loader.cpu_loader` (DataLoader worker processes; a
+:class:`~fastfeed.loading.cpu.loader.Loader`) or, for ``decode="dali"``,
 :func:`fastfeed.loading.dali.backend.dali_loader`. Both backends drive the same
-:class:`~fastfeed.loading.cursor.EpochCursor`, so epochs and resume behave the same.
+:class:`~fastfeed.loading.order.cursor.EpochCursor`, so epochs and resume behave the same.
 
 Epochs: ``set_epoch(e)`` picks the epoch of the next pass. Without it, every new pass
 runs the next epoch (the first pass runs epoch 0), whether the previous pass finished or
@@ -34,157 +30,21 @@ Example:
 
 from __future__ import annotations
 
-import inspect
-import logging
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import torch
-from torch.utils.data import DataLoader, default_convert
-
-from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError
-from fastfeed.loading.compat import FrameworkHooks
-from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
-from fastfeed.decode.cpu import CpuDecoder, RawDecoder
-from fastfeed.loading.auto import resolve_auto
-from fastfeed.loading.bottleneck import line_hook
-from fastfeed.loading.cursor import STATE_VERSION, EpochCursor, Pass, Resumable
+from fastfeed.loading.cpu.loader import Loader, cpu_loader
+from fastfeed.loading.cpu.sampled import check_sampler_fits
 from fastfeed.loading.dali.backend import dali_loader
-from fastfeed.loading.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.options import LoaderOptions, check_source, loader_options
-from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
-from fastfeed.loading.elastic import Stage, mode_of
-from fastfeed.loading.sampled import SamplerBatches, check_sampler_fits
+from fastfeed.loading.order.cursor import STATE_VERSION
+from fastfeed.loading.order.epoch import DEFAULT_SHUFFLE_BLOCK
 from fastfeed.loading.sources import Sources, open_sources
-from fastfeed.loading.stats import LoaderStats
-from fastfeed.loading.tokens import TokenBatches, padding_of
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.packed.reader import ShardSource
-from fastfeed.storage.remote import is_url
 
-# STATE_VERSION (the state_dict layout) lives in fastfeed.loading.cursor; importable from here too
+# STATE_VERSION (the state_dict layout) lives in fastfeed.loading.order.cursor; importable from here too
 __all__ = ["Loader", "STATE_VERSION", "loader"]
-
-log = logging.getLogger(__name__)
-
-
-_ATOMS = (str, int, float, bool, type(None))  # what default_convert hands back as it is
-
-
-def _plain(value: Any) -> bool:
-    """True for what ``default_convert`` would give back equal: tensors, str / numbers, and
-    lists (of lists) of those (``__key__``, decoded text fields, skip reasons)."""
-    t = type(value)
-    if t in _ATOMS or isinstance(value, torch.Tensor):
-        return True
-    return t is list and all(type(v) in _ATOMS or (type(v) is list and all(type(x) in _ATOMS for x in v))
-                             for v in value)
-
-
-def convert_batch(batch: Any) -> Any:
-    """The batch as ``default_convert`` gives it (what ``DataLoader(batch_size=None)`` runs on
-    every batch: numpy arrays to tensors, at any depth), without walking the values that
-    have nothing to convert element by element (50-80 us a text batch, measured; 3-6% of a
-    token batch's CPU).
-
-    Example:
-        >>> import numpy as np
-        >>> b = convert_batch({"__key__": ["a", "b"], "x": np.zeros(2), "t": (1, np.ones(1))})
-        >>> b["__key__"], type(b["x"]).__name__, b["t"]
-        (['a', 'b'], 'Tensor', [1, tensor([1.], dtype=torch.float64)])
-    """
-    if type(batch) is not dict:
-        return default_convert(batch)
-    return {k: v if _plain(v) else default_convert(v) for k, v in batch.items()}
-
-
-class Loader(FrameworkHooks, Resumable, DataLoader):
-    """A DataLoader over fastfeed shards; build it with :func:`loader`.
-
-    Epochs: ``set_epoch(e)`` makes the next pass run epoch ``e``. Without it, every new
-    pass (``iter(dl)``) runs the next epoch, **whether the previous pass finished or was
-    abandoned** (``break`` out of the loop, then iterate again): a new pass is a new order,
-    as with a shuffling DataLoader, and Lightning's ``limit_train_batches`` gets new
-    batches every epoch. Call ``set_epoch`` with the same epoch to replay it. A pass
-    begins at the first ``next()``, and only the newest pass delivers batches.
-    ``decode="dali"``'s loader follows the same rules (one
-    :class:`~fastfeed.loading.cursor.EpochCursor` serves both; see that module for why).
-
-    Resume: :meth:`state_dict` / :meth:`load_state_dict`: the next pass continues the saved
-    epoch after its last consumed batch (a state saved by either ``decode``, any
-    ``num_workers``, any rank of the same world size).
-
-    Attributes:
-        index: the dataset index.
-        rank, world_size: this process's place in the job.
-        stats: :class:`~fastfeed.loading.stats.LoaderStats`, always on.
-        workers_from: where ``num_workers`` came from (``"explicit"``, ``"tuned"``, ``"heuristic"``).
-        epoch: the epoch of the current (or next) pass.
-
-    Accelerate's ``prepare`` returns it as is and Lightning can re-create it (``predict``):
-    see :mod:`fastfeed.loading.compat`.
-    """
-
-    def __init__(self, dataset: ShardBatches, *, num_workers: int, prefetch_factor: int | None,
-                 pin_memory: bool, persistent_workers: bool, timeout: float,
-                 multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
-                 log_every: int | None, workers_from: str, cursor: EpochCursor,
-                 reuse_buffers: bool = False, sampler: None = None, batch_sampler: None = None) -> None:
-        # sampler / batch_sampler: only None, which frameworks that re-create a DataLoader over an
-        # IterableDataset pass (Lightning's predict); DataLoader rejects anything else
-        kwargs: dict[str, Any] = {}
-        if num_workers > 0:  # PyTorch rejects prefetch_factor / persistent workers without workers
-            kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                          multiprocessing_context=multiprocessing_context)
-        if "in_order" in inspect.signature(DataLoader.__init__).parameters:
-            kwargs["in_order"] = True  # the round-robin order of batches is the contract
-        super().__init__(dataset, batch_size=None, sampler=sampler, batch_sampler=batch_sampler,
-                         collate_fn=convert_batch, num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
-                         worker_init_fn=worker_init_fn, **kwargs)
-        # workers refill the shared-memory batches the main process has let go (fastfeed.decode.bufpool);
-        # only with persistent workers: one process per worker id for the loader's life
-        self._pool: BufferPool | None = None
-        if reuse_buffers and num_workers > 0 and persistent_workers:
-            self._pool = dataset.pool = BufferPool(num_workers, (prefetch_factor or 2) + 1)
-        self.index: DatasetIndex = dataset.source.index
-        self.indexes: tuple[DatasetIndex, ...] = tuple(src.index for src in dataset.sources)
-        self.rank, self.world_size = dataset.rank, dataset.world_size
-        self.stats = LoaderStats(log_every=log_every)
-        self.stats.add_line_hook(line_hook(num_workers))  # "; decode-bound (workers busy 97%, ...)"
-        self.workers_from = workers_from
-        self._cursor = cursor
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        return self._cursor.run(self._open_pass)
-
-    def _open_pass(self, p: Pass) -> Iterator[dict[str, Any]]:
-        """The batches of pass ``p``: the workers start (or reset) at its epoch and first batch."""
-        self.dataset.set_position(p.position)
-        if self._pool is not None:
-            self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
-        return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
-
-    def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
-        """Move the batch's worker timings into ``stats``; return its skips."""
-        timing = batch.pop(TIMING_KEY, None)
-        if timing is not None:
-            self.stats.record_work(*timing)
-        slots = batch.pop(BUFFER_KEY, None)
-        if self._pool is not None:
-            self._pool.sweep()
-            if slots:
-                self._pool.received(slots, batch.get("image"))
-        return _pop_skipped(batch)
-
-
-def _batch_size(batch: dict[str, Any]) -> int:
-    return len(batch["__key__"])
-
-
-def _pop_skipped(batch: dict[str, Any]) -> tuple[int, list[str]]:
-    skipped = batch.pop(SKIPPED_KEY, None) or []
-    return len(skipped), skipped
 
 
 def loader(
@@ -276,7 +136,7 @@ def loader(
             another process without copying them.
         seq_len: pack the epoch's documents (a ``tokens`` field) into rows of exactly this
             many tokens: ``input_ids``, ``position_ids``, ``valid``, ``cu_seqlens`` (see
-            :mod:`fastfeed.loading.tokens`). One whole dataset only (no ``weights``, ``subset``,
+            :mod:`fastfeed.loading.cpu.tokens`). One whole dataset only (no ``weights``, ``subset``,
             ``filter``, ``epoch_samples``, ``pad=False``); its state resumes at any world
             size and batch size (the rest of the epoch's token stream, re-cut).
         pad_id: the value of padded ``input_ids`` (default: the pad id ``pack --tokenizer``
@@ -285,7 +145,7 @@ def loader(
             (:mod:`fastfeed.decode.collate`).
         pad_multiple: round padded lengths up to a multiple of this.
         batch_sampler: a ``DistributedTokenBudgetSampler`` or ``DistributedLengthBucketSampler``
-            that decides every batch (:mod:`fastfeed.loading.sampled`); the batch size and
+            that decides every batch (:mod:`fastfeed.loading.cpu.sampled`); the batch size and
             the order come from it. One whole dataset only, like ``seq_len``; its state
             resumes with a sampler of another ``num_replicas`` (the sampler's re-plan of
             the steps not yet run).
@@ -394,50 +254,7 @@ def loader(
         for index in sources.indexes:
             check_encoded(index)
         return dali_loader(sources.indexes, options, sources.spec, sources.names)
-    return _cpu_loader(sources, options)
-
-
-def _cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
-    """``decode="cpu"`` / None: DataLoader workers decode whole batches of the epoch plan."""
-    index = sources.indexes[0]  # a tune result is looked up for the first dataset
-    workers, prefetch, workers_from = resolve_auto(
-        index, batch_size=o.batch_size, decode=o.decode, image_size=o.image_size,
-        num_workers=o.num_workers, prefetch_factor=o.prefetch_factor)
-    for idx in sources.indexes:
-        if o.cache_dir is None and idx.shards and is_url(idx.shard_path(0)):
-            _warn_no_cache(idx, workers, _max_open(idx, o.shuffle_block, o.cache_dir))
-    padding, tokens_field = padding_of(index, o)
-    decoder: CpuDecoder | RawDecoder
-    if o.decode == "cpu":
-        decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
-                             image_field=o.image_field, transform=o.transform, scale=o.crop_scale,
-                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction, pad=padding,
-                             tokens_field=tokens_field)
-    else:
-        decoder = RawDecoder(o.transform, pad=padding)
-    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.cache_size, storage_options=o.storage_options,
-                           max_open=_max_open(idx, o.shuffle_block, o.cache_dir))
-               for idx in sources.indexes]
-    shape = Stage(o.world_size, o.batch_size, mode_of(drop_last=o.drop_last, pad=o.pad))
-    dataset: ShardBatches | TokenBatches
-    if o.seq_len is not None:
-        dataset = TokenBatches.from_options(readers[0], o)
-    elif o.batch_sampler is not None:
-        dataset = SamplerBatches(readers[:1], decoder, spec=sources.spec, shape=shape, rank=o.rank,
-                                 on_error=o.on_error, sampler=o.batch_sampler)
-    else:
-        dataset = ShardBatches(readers, decoder, spec=sources.spec, shape=shape, rank=o.rank, on_error=o.on_error)
-    cursor = EpochCursor(sources.spec, fingerprints=sources.fingerprints, batch_size=o.batch_size,
-                         drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size,
-                         stream=getattr(dataset, "stream", None))  # seq_len / batch_sampler batches
-    return Loader(
-        dataset, num_workers=workers, prefetch_factor=prefetch,
-        pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
-        persistent_workers=o.persistent_workers, timeout=o.timeout,
-        multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
-        log_every=o.log_every, workers_from=workers_from, cursor=cursor,
-        reuse_buffers=o.reuse_buffers and o.seq_len is None,
-    )
+    return cpu_loader(sources, options)
 
 
 def check_encoded(index: DatasetIndex) -> None:
@@ -469,25 +286,3 @@ def check_whole_dataset(sources: Sources, o: LoaderOptions) -> None:
     if used:
         raise ConfigError(f"loader({what}...) reads one whole dataset in its own order, and got {', '.join(used)}; "
                           f"drop {' and '.join(used)}, or drop {what} (sample batches mix, select and pad)")
-
-
-def _max_open(index: DatasetIndex, shuffle_block: int, cache_dir: Any) -> int:
-    """Shards a worker keeps open: enough for one shuffle block, so nothing is re-read.
-
-    Local files and cached shards are cheap to hold (64 to 512 file handles); in-memory
-    remote shards hold their bytes, so they are limited to what a block spans.
-    """
-    counts = [s.samples for s in index.shards if s.samples > 0]
-    span = -(-shuffle_block // max(1, min(counts))) + 2 if counts else 2
-    remote_in_memory = cache_dir is None and len(index.shards) > 0 and is_url(index.shard_path(0))
-    return span if remote_in_memory else min(512, max(64, span))
-
-
-def _warn_no_cache(index: DatasetIndex, workers: int, max_open: int) -> None:
-    per_shard = sum(s.bytes for s in index.shards) / len(index.shards)
-    log.warning(
-        "reading remote shards without cache_dir: each of the %d workers downloads the shards it reads "
-        "and keeps up to %d of them (~%s) in memory; pass cache_dir= to download each shard once per "
-        "host to local disk", max(1, workers), max_open, format_bytes(max_open * per_shard),
-    )
-

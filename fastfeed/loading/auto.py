@@ -1,6 +1,6 @@
 """What ``num_workers="auto"`` and ``prefetch_factor="auto"`` become in ``loader()``.
 
-A stored ``fastfeed tune`` result (:mod:`fastfeed.loading.tuned`) whose key matches wins;
+A stored ``fastfeed tune`` result (:mod:`fastfeed.knobs.record`) whose key matches wins;
 without one, :func:`heuristic_workers` decides and a one-line hint (once per process, local
 rank 0 only) says how to measure instead. The loader reads tuned settings here; the tuner
 (:mod:`fastfeed.tuning`) writes them, so loading never imports tuning.
@@ -19,9 +19,9 @@ from typing import Any
 from fastfeed.dist import local_world_size
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count
-from fastfeed.loading.knobs import SearchSpace, space_for
+from fastfeed.knobs.space import SearchSpace, space_for
 from fastfeed.decode.geometry import normalize_image_size
-from fastfeed.loading.tuned import TuneKey, TuneRecord, find_record
+from fastfeed.knobs.record import TuneKey, TuneRecord, find_record
 
 __all__ = ["HEURISTIC_MAX_WORKERS", "heuristic_workers", "lookup", "resolve_auto"]
 

@@ -6,7 +6,7 @@ One classification, used by the periodic stats line (``loader(..., log_every=N)`
 - the **wait fraction**: the share of step time the training loop spent inside ``next()``;
 - per batch, the seconds its worker spent **reading** (shard I/O, remote downloads
   included) and **decoding** (decode, crop, augmentation, collation), and its CPU
-  seconds, carried back with the batch (:data:`fastfeed.loading.dataset.TIMING_KEY`).
+  seconds, carried back with the batch (:data:`fastfeed.loading.cpu.dataset.TIMING_KEY`).
 
 How a window of steps is classified:
 

@@ -44,7 +44,7 @@ def recreate_kwargs(loader: Any) -> dict[str, Any]:
 
     The same dataset object (so the same rank, order and decoding) and worker settings;
     the new loader starts at epoch 0 with its own ``stats`` and a fresh cursor built like
-    ``loader``'s (:meth:`~fastfeed.loading.cursor.EpochCursor.fresh`: same plan, shape and
+    ``loader``'s (:meth:`~fastfeed.loading.order.cursor.EpochCursor.fresh`: same plan, shape and
     ``seq_len`` / ``batch_sampler`` stream, no position). It does not reuse batch
     buffers (``reuse_buffers=False``): the buffer pool lives on the shared dataset and
     belongs to ``loader``'s workers.

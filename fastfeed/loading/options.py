@@ -47,7 +47,7 @@ from fastfeed._util import check_on_error
 from fastfeed.decode.geometry import check_crop, normalize_image_size
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError
-from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.order.epoch import DEFAULT_SHUFFLE_BLOCK
 from fastfeed.loading.textopts import text_settings
 from fastfeed.packed.index import DatasetIndex
 
@@ -171,7 +171,7 @@ class LoaderOptions:
     pad_multiple: int = 1
     batch_sampler: Any = None
     knobs_from: str = "explicit"
-    # several datasets, subsets and exact-once evaluation (fastfeed.loading.planner)
+    # several datasets, subsets and exact-once evaluation (fastfeed.loading.order.rankplan)
     weights: tuple[float, ...] | None = None
     epoch_samples: int | None = None
     subset: Any = None

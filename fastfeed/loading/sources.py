@@ -36,8 +36,9 @@ from typing import Any, Sequence
 from fastfeed.decode.cpu import pick_image_field
 from fastfeed.errors import ConfigError
 from fastfeed.loading.options import LoaderOptions
-from fastfeed.loading.planner import PlanSpec, plan_spec
-from fastfeed.loading.selection import index_metadata, select
+from fastfeed.loading.order.cursor import BatchStream, EpochCursor
+from fastfeed.loading.order.rankplan import PlanSpec, plan_spec
+from fastfeed.loading.order.selection import index_metadata, select
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index
 
@@ -152,3 +153,26 @@ def check_compatible(indexes: Sequence[DatasetIndex], names: Sequence[str], o: L
             raise ConfigError(f"decode='cpu' with image_size= decodes an image per sample, and "
                               f"{'; '.join(lack)} has no {o.image_field or 'image'} field; mix image datasets, "
                               "pass image_field=, or decode=None for raw bytes")
+
+
+def cursor_for(index: DatasetIndex | Sequence[DatasetIndex], o: LoaderOptions, spec: PlanSpec | None = None, *,
+               stream: BatchStream | None = None) -> EpochCursor:
+    """The epoch cursor of a loader over ``index`` with options ``o``: both backends build theirs here.
+
+    ``index``: one dataset, or a sequence of them when mixing; ``spec`` carries the weights
+    and subset/filter (:attr:`Sources.spec`), None: every sample of one dataset.
+    ``stream``: the batch stream of ``seq_len`` / ``batch_sampler`` loaders, whose batches
+    are not cut from the plan by ``batch_size``.
+
+    Example:
+        >>> sources = open_sources("/data/ff", options)                        # doctest: +SKIP
+        >>> cursor = cursor_for(sources.indexes, options, sources.spec)         # doctest: +SKIP
+    """
+    indexes = [index] if isinstance(index, DatasetIndex) else list(index)
+    if spec is None:
+        if len(indexes) != 1:
+            raise ConfigError(f"cursor_for: {len(indexes)} datasets need their plan spec "
+                              "(open_sources(...).spec), which holds the weights")
+        spec = plan_spec([indexes[0].shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.shuffle_block)
+    return EpochCursor(spec, fingerprints=[i.fingerprint for i in indexes], batch_size=o.batch_size,
+                       drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size, stream=stream)

@@ -4,7 +4,7 @@ Validated once by :func:`text_settings` (called from
 :func:`fastfeed.loading.options.loader_options`), kept apart from the image and DALI
 options so each reads on its own:
 
-- ``seq_len=L``: sequence packing (:mod:`fastfeed.loading.tokens`): rows of exactly
+- ``seq_len=L``: sequence packing (:mod:`fastfeed.loading.cpu.tokens`): rows of exactly
   ``L`` tokens cut from the epoch's documents laid end to end. Not with ``decode="dali"``
   (token data has nothing for DALI to decode), a ``transform`` (the rows are made of
   stored token ids, not of samples), ``on_error="skip"`` (a left-out document would
@@ -14,7 +14,7 @@ options so each reads on its own:
   None is resolved against the dataset (the pad id ``pack --tokenizer`` stored, else 0).
 - ``batch_sampler``: a :class:`~fastfeed.sampling.samplers.DistributedTokenBudgetSampler`
   or :class:`~fastfeed.sampling.samplers.DistributedLengthBucketSampler` that decides
-  every batch (:mod:`fastfeed.loading.sampled`). It owns the order, so ``shuffle``,
+  every batch (:mod:`fastfeed.loading.cpu.sampled`). It owns the order, so ``shuffle``,
   ``seed``, ``drop_last`` and ``shuffle_block`` go to the sampler, and ``batch_size``
   comes from it (a length-bucket sampler's ``batch_size``; a token budget's typical
   batch, used only for the worker heuristics). Its world is the loader's world.
@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fastfeed.errors import ConfigError
-from fastfeed.loading.plan import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.loading.order.epoch import DEFAULT_SHUFFLE_BLOCK
 from fastfeed.sampling.samplers import (
     DistributedLengthBucketSampler,
     DistributedTokenBudgetSampler,

@@ -127,7 +127,7 @@ class DatasetIndex:
     #: (``pad_id`` is the loader's default padding value; ``tokens`` the field of stored ids or None).
     tokenizer: Mapping[str, Any] | None = None
     #: ``pack --store raw|mixed:P``: ``{"mode": "raw"|"mixed", "share", "field", "raw_samples",
-    #: "raw_bytes", "encoded_bytes"}`` (see :mod:`fastfeed.packing.pixels`); None: encoded images only.
+    #: "raw_bytes", "encoded_bytes"}`` (see :mod:`fastfeed.packing.content.pixels`); None: encoded images only.
     store: Mapping[str, Any] | None = None
     has_labels: bool = False
     version: int = JPEG_INDEX_VERSION

@@ -11,8 +11,8 @@ the same bytes:
    sidecars, ``skipped.txt`` and, last and atomically, ``index.json``.
 
 :func:`pack` runs them with an engine: on this machine, ``write_shard`` in a process pool
-(:mod:`fastfeed.packing.local`), or one Ray task per shard (:mod:`fastfeed.packing.ray_engine`);
-into a folder, or into an object-store prefix (:mod:`fastfeed.packing.objstore`). A dataset is
+(:mod:`fastfeed.packing.engines.local`), or one Ray task per shard (:mod:`fastfeed.packing.engines.ray`);
+into a folder, or into an object-store prefix (:mod:`fastfeed.packing.engines.objstore`). A dataset is
 complete if and only if ``DST/index.json`` exists; re-running the same command after a
 crash finishes the job.
 
@@ -35,11 +35,11 @@ from fastfeed._util import check_on_error
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packing.finish import cleanup, finalize
-from fastfeed.packing.local import Progress, run_local
-from fastfeed.packing.objstore import RemoteDest, finalize_remote, write_shard_remote
+from fastfeed.packing.engines.local import Progress, run_local
+from fastfeed.packing.engines.objstore import RemoteDest, finalize_remote, write_shard_remote
 from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan, plan_pack
-from fastfeed.packing.ray_engine import cluster_restarts, connection, require_ray, run_ray
-from fastfeed.packing.source import show
+from fastfeed.packing.engines.ray import cluster_restarts, connection, require_ray, run_ray
+from fastfeed.packing.sources.base import show
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url, local_path
 
@@ -90,7 +90,7 @@ def pack(
         src: an ImageFolder (``SRC/<class>/<file>``), a folder of files grouped into
             samples by key (``a/0001.jpg`` + ``a/0001.json``), a JSONL manifest, a
             ``.parquet`` file (a folder or glob of them: one sample per row, columns become
-            fields, see :mod:`fastfeed.packing.parquet`; rows stream in bounded memory, one
+            fields, see :mod:`fastfeed.packing.sources.parquet`; rows stream in bounded memory, one
             row group at a time, so ``shuffle`` orders whole row groups, not rows), a
             ``datasets.Dataset`` or a ``Dataset.save_to_disk`` folder.
         dst: the output folder (created). Refused when inside ``src`` or when it holds
@@ -115,7 +115,7 @@ def pack(
             count; with ``tokenizer``: its exact token count), or ``FIELD:KEY`` for a key
             inside a JSON field.
         columns: parquet/HF input: the columns to pack and their fields, ``"image=jpg,caption=txt"``
-            or a dict (default: every column, fields by type; see :mod:`fastfeed.packing.columns`).
+            or a dict (default: every column, fields by type; see :mod:`fastfeed.packing.sources.columns`).
         key: parquet/HF input: the column holding each row's ``__key__`` (default: the row number).
         tokenizer: a local ``tokenizers`` JSON file, or a folder holding ``tokenizer.json``;
             with ``tokenize`` or ``length``. Its pad id is recorded in the index.
@@ -141,16 +141,16 @@ def pack(
             then crops without decoding, for ~10x the disk of ImageNet-sized JPEGs; with
             ``max_side`` the longer side is bounded first) or ``mixed:P`` (the share ``P`` of the
             images with the fewest pixels stored raw, the rest as JPEG). See
-            :mod:`fastfeed.packing.pixels` for exactly which images, and the guide's section
+            :mod:`fastfeed.packing.content.pixels` for exactly which images, and the guide's section
             "Raw pixels: trade disk for CPU". Folder, manifest and WebDataset sources only.
         progress: callback ``(files_done, files_total, bytes_done, bytes_total)``.
         engine: ``local`` (processes on this machine, ``workers`` of them) or ``ray``
             (one Ray task per shard on a cluster, the same bytes; see
-            :mod:`fastfeed.packing.ray_engine`; needs ``pip install 'fastfeed[ray]'``).
+            :mod:`fastfeed.packing.engines.ray`; needs ``pip install 'fastfeed[ray]'``).
         ray_address: with ``engine="ray"``, the cluster: ``HOST:PORT`` of the head node,
             ``auto``, or ``ray://...``; default: ``RAY_ADDRESS``, else a new local Ray.
         storage_options: fsspec options (endpoint, credentials) when ``dst`` is an
-            object-store URL such as ``s3://bucket/prefix`` (see :mod:`fastfeed.packing.objstore`).
+            object-store URL such as ``s3://bucket/prefix`` (see :mod:`fastfeed.packing.engines.objstore`).
 
     Returns:
         The index of the packed dataset (also written to ``DST/index.json``).
@@ -214,7 +214,7 @@ def _pack_into_url(
     progress: Progress | None,
     **options: Any,
 ) -> DatasetIndex:
-    """:func:`pack` into an object-store prefix (see :mod:`fastfeed.packing.objstore`): plan
+    """:func:`pack` into an object-store prefix (see :mod:`fastfeed.packing.engines.objstore`): plan
     against a local staging folder, write and publish every shard, publish the index last."""
     dest = RemoteDest.create(dst, storage_options)
     with tempfile.TemporaryDirectory(prefix="fastfeed-pack-") as staging:

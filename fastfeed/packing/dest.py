@@ -23,7 +23,7 @@ from typing import Any
 from fastfeed.errors import DestinationError
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, JOB_RECORD, OWN_FILE, RESUME_DIR
-from fastfeed.packing.source import show
+from fastfeed.packing.sources.base import show
 
 __all__ = ["check_destination", "check_not_inside", "prepare_destination", "remove_own_files"]
 

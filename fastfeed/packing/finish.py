@@ -25,9 +25,9 @@ from fastfeed.errors import EmptySourceError, IndexMismatchError
 from fastfeed.packed.index import INDEX_VERSION, JPEG_INDEX_VERSION, DatasetIndex, ShardInfo, atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SKIPPED_NAME
 from fastfeed.packing.dest import remove_own_files
-from fastfeed.packing.pixels import summary
+from fastfeed.packing.content.pixels import summary
 from fastfeed.packing.plan import PackPlan
-from fastfeed.packing.source import show
+from fastfeed.packing.sources.base import show
 from fastfeed.packing.write import ShardResult
 
 __all__ = ["cleanup", "finalize"]

@@ -35,16 +35,16 @@ from fastfeed.formats.images import (
     reencode,
 )
 from fastfeed.formats.naming import RAW_FIELD, is_image
-from fastfeed.packing.pixels import Pixels, image_member
+from fastfeed.packing.content.pixels import Pixels, image_member
 from fastfeed.packing.plan import PackPlan
-from fastfeed.packing.source import (
+from fastfeed.packing.sources.base import (
     Member,
     SampleSpec,
     parse_length,
     resolve_length_member,
     show,
 )
-from fastfeed.packing.srcurl import read as read_url
+from fastfeed.packing.sources.remote import read as read_url
 from fastfeed.packing.stream import LENGTH_TEXT_EXTS, length_of_value
 from fastfeed.storage.remote import is_url
 
@@ -123,7 +123,7 @@ def _load_sample(plan: PackPlan, spec: SampleSpec, fds: dict[str, int] | None = 
                  ) -> tuple[dict[str, Any], int, int]:
     """Read one sample's members (using files ``fds`` already opened by ``load_samples``);
     returns (fields, files read, bytes read). With ``raw``, its image is decoded into
-    :data:`~fastfeed.formats.naming.RAW_FIELD` (a :class:`~fastfeed.packing.pixels.Pixels`)."""
+    :data:`~fastfeed.formats.naming.RAW_FIELD` (a :class:`~fastfeed.packing.content.pixels.Pixels`)."""
     fields: dict[str, Any] = {}
     files = nbytes = 0
     record: dict[str, Any] | None = None

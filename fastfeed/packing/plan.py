@@ -1,6 +1,6 @@
 """Step 1 of packing: :func:`plan_pack` decides everything before any shard is written.
 
-``plan_pack`` walks and validates the source (:mod:`fastfeed.packing.walk`), orders the samples
+``plan_pack`` walks and validates the source (:mod:`fastfeed.packing.sources.scan`), orders the samples
 (sorted by key, then a seeded permutation with ``shuffle``), cuts them into balanced
 shards (counts differ by at most one), checks the destination, and returns a frozen,
 picklable :class:`PackPlan`. Steps 2 and 3 (:func:`fastfeed.packing.write.write_shard`,
@@ -37,12 +37,12 @@ from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.host import cpu_count
 from fastfeed.packed.layout import dali_index_name, shard_name
-from fastfeed.packing.columns import LABEL_COLUMNS, parse_columns
+from fastfeed.packing.sources.columns import LABEL_COLUMNS, parse_columns
 from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
-from fastfeed.packing.parquet import TableSource, scan_parquet
-from fastfeed.packing.pixels import image_member, parse_store, plan_raw, store_name
-from fastfeed.packing.source import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
-from fastfeed.packing.tableplan import (
+from fastfeed.packing.sources.parquet import TableSource, scan_parquet
+from fastfeed.packing.content.pixels import image_member, parse_store, plan_raw, store_name
+from fastfeed.packing.sources.base import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
+from fastfeed.packing.content.tables import (
     TokenPlan,
     check_length_column,
     check_token_options,
@@ -52,8 +52,8 @@ from fastfeed.packing.tableplan import (
     token_plan,
     wants_table,
 )
-from fastfeed.packing.tokenize import Tokenizer, load_tokenizer
-from fastfeed.packing.walk import scan
+from fastfeed.packing.content.tokenize import Tokenizer, load_tokenizer
+from fastfeed.packing.sources.scan import scan
 from fastfeed.storage.remote import is_url
 
 __all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "shard_counts"]
@@ -84,7 +84,7 @@ class PackOptions:
     on_error: str = "raise"
     overwrite: bool = False
     jpeg_restarts: bool = False  # create() resolves the default (on when fastfeed._jpegroi is built)
-    #: ``jpeg``, ``raw`` or ``mixed:P`` (canonical spelling; see :mod:`fastfeed.packing.pixels`)
+    #: ``jpeg``, ``raw`` or ``mixed:P`` (canonical spelling; see :mod:`fastfeed.packing.content.pixels`)
     store: str = "jpeg"
 
     @property
@@ -344,7 +344,7 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
     if opts.columns is not None or opts.key is not None:
         raise ConfigError(f"{show(os.fspath(src))}: columns/key (--columns, --key) are for parquet and HF "
                           "datasets input; this SRC is not one (leave them out, or pass --input parquet)")
-    url_src = is_url(src)  # SRC on object storage: see fastfeed.packing.srcurl
+    url_src = is_url(src)  # SRC on object storage: see fastfeed.packing.sources.remote
     src_path: Any = str(src).rstrip("/") if url_src else Path(src).absolute()
     dst_path = Path(dst).absolute()
     if not url_src:

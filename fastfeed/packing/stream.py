@@ -23,11 +23,11 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from fastfeed.errors import SourceError
-from fastfeed.packing.parquet import iter_unit
+from fastfeed.packing.sources.parquet import iter_unit
 from fastfeed.packing.plan import PackPlan, ShardPlan
-from fastfeed.packing.source import parse_length, show
-from fastfeed.packing.tableplan import TokenPlan
-from fastfeed.packing.tokenize import tokenize_samples
+from fastfeed.packing.sources.base import parse_length, show
+from fastfeed.packing.content.tables import TokenPlan
+from fastfeed.packing.content.tokenize import tokenize_samples
 
 __all__ = ["LENGTH_TEXT_EXTS", "TOKENIZE_CHUNK", "Item", "field_length", "length_of_value", "table_items", "with_tokens"]
 

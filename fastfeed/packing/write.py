@@ -44,9 +44,9 @@ from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
 from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.packing.load import Problem, check_image, load_samples
-from fastfeed.packing.pixels import Pixels
+from fastfeed.packing.content.pixels import Pixels
 from fastfeed.packing.plan import RESTARTS_FIX, PackPlan, ShardPlan
-from fastfeed.packing.source import Member, show
+from fastfeed.packing.sources.base import Member, show
 from fastfeed.packing.stream import Item, table_items, with_tokens
 
 __all__ = ["ProgressFn", "ShardResult", "shard_fingerprint", "write_shard"]
@@ -171,7 +171,7 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
         SourceError: a bad input met while writing, with ``on_error="raise"``.
         ConfigError: the plan adds JPEG restart markers and ``fastfeed._jpegroi`` does not
             load in this process (the driver decides for every shard; see
-            :func:`fastfeed.packing.ray_engine.cluster_restarts`).
+            :func:`fastfeed.packing.engines.ray.cluster_restarts`).
 
     Example:
         >>> result = write_shard(plan, 0)   # doctest: +SKIP

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastfeed.errors import ConfigError
-from fastfeed.sampling.planning import CostFn, co_batch_repeat_rate
+from fastfeed.sampling.steps import CostFn, co_batch_repeat_rate
 from fastfeed.sampling.samplers import (
     DistributedLengthBucketSampler,
     DistributedTokenBudgetSampler,

@@ -2,7 +2,7 @@
 
 Both samplers yield, for their rank, one list of dataset indices per step: pass them to
 a DataLoader as ``batch_sampler``. Every rank plans the same epoch from (lengths, seed,
-epoch, world size) with pure numpy (:mod:`fastfeed.sampling.planning`) and takes its own batches.
+epoch, world size) with pure numpy (:mod:`fastfeed.sampling.steps`) and takes its own batches.
 
 - :class:`DistributedLengthBucketSampler`: ``batch_size`` samples per batch, each batch of
   similar lengths, all ranks of a step from the same length class.
@@ -56,8 +56,8 @@ from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError, StateError
 from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
 from fastfeed.sampling.costmodel import CostModel
-from fastfeed.sampling.resize import plan_after, restrict, stage_seed
-from fastfeed.sampling.planning import (
+from fastfeed.sampling.elastic import plan_after, restrict, stage_seed
+from fastfeed.sampling.steps import (
     CostFn,
     Plan,
     co_batch_repeat_rate,
@@ -236,7 +236,7 @@ class _LengthSampler:
 
     def _resized_plan(self) -> Plan:
         """The rest of the current epoch after the stages it ran at other world sizes
-        (:func:`fastfeed.sampling.resize.plan_after`)."""
+        (:func:`fastfeed.sampling.elastic.plan_after`)."""
         return self._plan_after(self.epoch, self._stages, self.num_replicas)
 
     def _plan_after(self, epoch: int, stages: Sequence[tuple[int, int]], world_size: int) -> Plan:
@@ -255,7 +255,7 @@ class _LengthSampler:
         """The smallest of :data:`AUTO_JITTERS` whose plans repeat co-batches little enough.
 
         For each jitter, smallest first, plan epochs 0 and 1 and measure the per-sample
-        co-batch repeat (:func:`fastfeed.sampling.planning.co_batch_repeat_rate`) and epoch 0's
+        co-batch repeat (:func:`fastfeed.sampling.steps.co_batch_repeat_rate`) and epoch 0's
         padding efficiency. Stop at the first with repeat <= :data:`AUTO_REPEAT_TARGET`.
         Do not go on past a jitter whose padding falls under :data:`AUTO_PADDING_FLOOR`:
         then the largest jitter that kept the floor is used and the trade-off is logged
@@ -305,7 +305,7 @@ class _LengthSampler:
         Args:
             epoch: the epoch (default: the current one).
             after: ``(num_replicas, steps)`` of the stages this epoch already ran: the plan is
-                then the rest of the epoch (elastic resume, :mod:`fastfeed.sampling.resize`).
+                then the rest of the epoch (elastic resume, :mod:`fastfeed.sampling.elastic`).
             world_size: plan for this many ranks (default: ``num_replicas``).
 
         Example:
@@ -374,7 +374,7 @@ class _LengthSampler:
         """The position in the epoch, enough to resume exactly, at any world size.
 
         ``stages`` lists ``[num_replicas, steps]`` for every world size this epoch ran
-        at, the current last (:mod:`fastfeed.sampling.resize`): a few integers.
+        at, the current last (:mod:`fastfeed.sampling.elastic`): a few integers.
 
         Args:
             steps: steps of this epoch your loop has finished. By default, the steps this

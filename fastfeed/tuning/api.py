@@ -6,7 +6,7 @@ workers while throughput rises, stop on a plateau, then prefetch factor, then th
 decode mode's own knobs, then a longer interleaved re-measure of the top candidates
 that makes the choice), within a time and memory budget, and stores the result where
 ``loader(num_workers="auto", prefetch_factor="auto")`` finds it
-(:mod:`fastfeed.loading.tuned`). Every measurement goes through :func:`fastfeed.timing.measure.measure`.
+(:mod:`fastfeed.knobs.record`). Every measurement goes through :func:`fastfeed.timing.measure.measure`.
 
 Without a stored result, :func:`resolve_auto` falls back to a heuristic (see
 :func:`heuristic_workers`) and logs a one-line hint to run ``fastfeed tune``, once per
@@ -42,8 +42,8 @@ from fastfeed.loading.auto import (
     lookup,
     resolve_auto,
 )
-from fastfeed.loading.knobs import SearchSpace, Setting, space_for, worker_ladder
-from fastfeed.loading.tuned import (
+from fastfeed.knobs.space import SearchSpace, Setting, space_for, worker_ladder
+from fastfeed.knobs.record import (
     TuneKey,
     TuneRecord,
     better_stored,
@@ -256,7 +256,7 @@ def tune(
     """Measure the loader at candidate settings and choose ``num_workers`` / ``prefetch_factor``.
 
     Targets are per rank: what one GPU's training step consumes. The result is stored
-    (see :mod:`fastfeed.loading.tuned`) so ``loader(num_workers="auto")`` uses it.
+    (see :mod:`fastfeed.knobs.record`) so ``loader(num_workers="auto")`` uses it.
 
     Args:
         path: a packed dataset (folder or URL).

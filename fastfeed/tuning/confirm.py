@@ -17,7 +17,7 @@ Everything here is pure logic over a ``measure_fn``; the tests use fake ones.
 Example:
     >>> from fastfeed.timing.measure import Measurement
     >>> from fastfeed.tuning.search import Trial
-    >>> from fastfeed.loading.knobs import Setting
+    >>> from fastfeed.knobs.space import Setting
     >>> m = lambda r: Measurement(r, r / 8, r, r, r, 40, 320, 1.0, 2.0, 0.5, 8, 0.2, 1, (), ())
     >>> trials = [Trial(Setting(w, 2), "workers", m(100.0 * min(w, 4) + 1)) for w in (2, 4, 6)]
     >>> again = lambda s: Trial(s, "confirm", m(100.0 * min(s.num_workers, 4)))
@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fastfeed.loading.knobs import Setting
+from fastfeed.knobs.space import Setting
 
 __all__ = ["MAX_TIE", "Confirmed", "choose", "confirm", "top_candidates"]
 

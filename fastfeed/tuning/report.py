@@ -17,8 +17,8 @@ from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError, missing_dependency
 from fastfeed.timing.measure import Measurement
 from fastfeed.tuning.search import Trial
-from fastfeed.loading.knobs import Setting
-from fastfeed.loading.tuned import TuneKey
+from fastfeed.knobs.space import Setting
+from fastfeed.knobs.record import TuneKey
 
 __all__ = ["TuneResult", "plot_result", "require_plot"]
 

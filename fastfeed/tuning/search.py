@@ -5,9 +5,9 @@ measures the real loader at a setting, and the tests give it fake throughput cur
 a fake clock.
 
 Search space
-    A :class:`~fastfeed.loading.knobs.Setting` is ``num_workers``, ``prefetch_factor`` and
-    the decode mode's own knobs; a :class:`~fastfeed.loading.knobs.SearchSpace` says which
-    values exist (see :mod:`fastfeed.loading.knobs`).
+    A :class:`~fastfeed.knobs.space.Setting` is ``num_workers``, ``prefetch_factor`` and
+    the decode mode's own knobs; a :class:`~fastfeed.knobs.space.SearchSpace` says which
+    values exist (see :mod:`fastfeed.knobs.space`).
 
 Strategy (far fewer measurements than a grid)
     1. **climb workers** along a ladder (0, 1, 2, 3, 4, 6, 8, 12, 16, ...) at the default
@@ -46,7 +46,7 @@ Choice (from the confirmation medians when step 5 ran; see :mod:`fastfeed.tuning
 
 Example:
     >>> from fastfeed.timing.measure import Measurement
-    >>> from fastfeed.loading.knobs import Setting
+    >>> from fastfeed.knobs.space import Setting
     >>> def fake(s):  # throughput rises to 4 workers, then plateaus
     ...     r = 100.0 * min(s.num_workers + 1, 5)
     ...     return Measurement(r, r / 10, r, r, r, 50, 500, 1.0, 1.5, 0.1, 4, 0.2, 1, (), ())
@@ -65,7 +65,7 @@ from typing import Any, Callable
 from fastfeed.errors import ConfigError
 from fastfeed.timing.measure import Measurement
 from fastfeed.tuning.confirm import Confirmed, choose, confirm, top_candidates
-from fastfeed.loading.knobs import Knob, SearchSpace, Setting, worker_ladder
+from fastfeed.knobs.space import Knob, SearchSpace, Setting, worker_ladder
 
 __all__ = ["SearchOutcome", "Trial", "search"]
 

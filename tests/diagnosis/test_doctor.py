@@ -288,7 +288,7 @@ def test_dali_stage_measures_the_dali_loader(small: Path) -> None:
     """The GPU-decode stage runs loader(decode="dali") through the measuring core (CPU-only DALI here)."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is in the [dali] extra")
     from fastfeed.diagnosis.stages import Budget, Run, dali_stage
-    from fastfeed.loading.knobs import Setting
+    from fastfeed.knobs.space import Setting
 
     stages: list[Any] = []
     run = Run(str(small / "packed"), Setting(1, 2), 8, "cpu", (32, 32),

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from fastfeed.loading.mixing import dataset_seed, stream_ids
-from fastfeed.loading.planner import PlanSpec, RankPlan, plan_rank
+from fastfeed.loading.order.mixing import dataset_seed, stream_ids
+from fastfeed.loading.order.rankplan import PlanSpec, RankPlan, plan_rank
 
 
 def all_ranks(spec: PlanSpec, *, epoch: int, world_size: int, batch_size: int, drop_last: bool = False,

@@ -2,7 +2,7 @@
 (DALI in its CPU-only mode, ``device_id=None``; skipped without DALI).
 
 Every test runs both backends through the same assertions, against the rank plan
-(:func:`fastfeed.loading.planner.plan_rank`, a pure function) rather than against each
+(:func:`fastfeed.loading.order.rankplan.plan_rank`, a pure function) rather than against each
 other: epochs with and without ``set_epoch``, abandoned passes, the newest iterator,
 mid-epoch resume in a fresh loader, resume across backends, equal steps on every rank
 (ranks simulated with ``rank=``/``world_size=``; the real gloo tests are in
@@ -24,7 +24,7 @@ from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
-from fastfeed.loading.planner import plan_rank, plan_spec
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec
 from fastfeed.packed.index import DatasetIndex
 from tools.synth import make_jpeg
 

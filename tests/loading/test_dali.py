@@ -33,7 +33,7 @@ from fastfeed.errors import (
 )
 from fastfeed.formats.tar import TarShardReader, TarShardWriter
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.plan import plan_epoch
+from fastfeed.loading.order.epoch import plan_epoch
 from tools.synth import make_jpeg
 
 pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("isolated_store")]
@@ -77,7 +77,7 @@ def _keys(dl: Any) -> list[list[str]]:
 # ---------------------------------------------------------------------- no DALI, no GPU
 def test_importing_fastfeed_does_not_import_dali() -> None:
     code = ("import sys, fastfeed, fastfeed.loading.dali.backend, fastfeed.loading.api, fastfeed.tuning.api; "
-            "from fastfeed.loading.knobs import space_for; space_for('dali'); "
+            "from fastfeed.knobs.space import space_for; space_for('dali'); "
             "print('nvidia.dali' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
@@ -453,7 +453,7 @@ def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, pa
 
     from fastfeed.host import host_info
     from fastfeed.tuning.search import search
-    from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
+    from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
 
     params = inspect.signature(fastfeed.loader).parameters
     assert TUNE_SPACE.workers == (0,)

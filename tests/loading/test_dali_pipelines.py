@@ -313,7 +313,7 @@ def test_num_pipelines_is_validated_once(dali: Any, packed: Path) -> None:
 
 def test_auto_takes_num_pipelines_from_the_tune_result(dali: Any, packed: Path) -> None:
     from fastfeed.host import host_info
-    from fastfeed.loading.tuned import TuneKey, TuneRecord, save_record
+    from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
 
     args = dict(batch_size=4, image_size=16, decode="dali", device_id=None)
     dl = fastfeed.loader(str(packed), **args)

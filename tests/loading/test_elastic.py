@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 from fastfeed.errors import StateError
-from fastfeed.loading.elastic import ElasticState, Layout, Stage, segment_after
-from fastfeed.loading.planner import plan_rank, plan_spec
+from fastfeed.loading.order.elastic import ElasticState, Layout, Stage, segment_after
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec
 
 shape_st = st.tuples(st.integers(1, 9), st.integers(1, 7), st.sampled_from(["pad", "exact", "drop"]))
 

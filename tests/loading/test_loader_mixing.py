@@ -21,7 +21,7 @@ from _loader_data import image_fields, write_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, StateError
-from fastfeed.loading.plan import plan_epoch
+from fastfeed.loading.order.epoch import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

@@ -275,7 +275,7 @@ def test_ragged_arrays_from_a_transform_are_padded(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- batch_sampler
 def _lengths(root: Path) -> np.ndarray:
     # the budget planner overflows on a length-0 sample (capacity 2**62 x world_size, in
-    # fastfeed.sampling.planning.plan_budget): count the empty document as 1 token
+    # fastfeed.sampling.steps.plan_budget): count the empty document as 1 token
     return np.maximum(DatasetIndex.load(root).lengths, 1)
 
 

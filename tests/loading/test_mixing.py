@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 from fastfeed.errors import ConfigError
-from fastfeed.loading.mixing import (
+from fastfeed.loading.order.mixing import (
     dataset_seed,
     default_epoch_samples,
     mix_pattern,
     stream_ids,
 )
-from fastfeed.loading.plan import plan_epoch, worker_batches
-from fastfeed.loading.planner import plan_rank, plan_spec
+from fastfeed.loading.order.epoch import plan_epoch, worker_batches
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec
 
 weights_st = st.lists(st.integers(0, 9), min_size=1, max_size=4).filter(lambda w: sum(w) > 0)
 

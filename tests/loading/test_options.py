@@ -139,7 +139,7 @@ def test_normalize_image_size_is_the_one_reading_of_image_size() -> None:
         with pytest.raises(ConfigError, match="image_size"):
             normalize_image_size(bad)  # type: ignore[arg-type]
     import fastfeed.decode.cpu as cpu
-    import fastfeed.loading.tuned as tuned
+    import fastfeed.knobs.record as tuned
 
     assert cpu.normalize_image_size is tuned.normalize_image_size is normalize_image_size
 
@@ -160,7 +160,7 @@ def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
 
 
 def test_the_new_modules_export_a_sorted_all() -> None:
-    import fastfeed.loading.cursor as cursor
+    import fastfeed.loading.order.cursor as cursor
     import fastfeed.loading.options as options
 
     for module in (cursor, options):

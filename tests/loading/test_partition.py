@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastfeed.errors import ConfigError
-from fastfeed.loading.plan import (
+from fastfeed.loading.order.epoch import (
     epoch_order,
     num_batches,
     order_span,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from loading._planning import all_ranks, delivered, shard_counts
 
 from fastfeed.errors import ConfigError
-from fastfeed.loading.planner import plan_rank, plan_spec
-from fastfeed.loading.selection import Selection, index_metadata, select
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec
+from fastfeed.loading.order.selection import Selection, index_metadata, select
 
 
 def test_subset_ids_and_masks_give_sorted_kept_ids_per_shard() -> None:

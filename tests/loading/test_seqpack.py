@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fastfeed.errors import ConfigError, SampleError
-from fastfeed.loading.seqpack import assemble, plan_seqpack
+from fastfeed.loading.order.seqpack import assemble, plan_seqpack
 
 
 def _stream(docs: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

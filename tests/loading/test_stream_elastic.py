@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastfeed.errors import StateError
-from fastfeed.loading.elastic import Stage
-from fastfeed.loading.sampled import SamplerStream, sampler_plan
-from fastfeed.loading.seqpack import plan_seqpack
-from fastfeed.loading.tokens import TokenStream
+from fastfeed.loading.order.elastic import Stage
+from fastfeed.loading.cpu.sampled import SamplerStream, sampler_plan
+from fastfeed.loading.order.seqpack import plan_seqpack
+from fastfeed.loading.cpu.tokens import TokenStream
 from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 SEQ = 5

@@ -75,7 +75,7 @@ def driver(cluster: Any) -> Iterator[Any]:
     try:
         # start this driver's worker process on every node now: Ray hands a whole short job to
         # the first worker that is up, and the node-loss test needs node 2 to take shards
-        from fastfeed.packing.ray_engine import _node  # importable on the workers (this test module is not)
+        from fastfeed.packing.engines.ray import _node  # importable on the workers (this test module is not)
 
         warm = ray.remote(num_cpus=1)(_node)
         ray.get([warm.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
@@ -253,7 +253,7 @@ def test_engine_and_address_are_checked(images: Path, tmp_path: Path, capsys: py
 
 def test_task_refuses_a_destination_its_node_cannot_see(images: Path, tmp_path: Path) -> None:
     from fastfeed import __version__
-    from fastfeed.packing.ray_engine import _write_task, shard_plan
+    from fastfeed.packing.engines.ray import _write_task, shard_plan
 
     plan = plan_pack(images, tmp_path / "out", samples_per_shard=10, on_error="skip")
     sub = shard_plan(plan, 1)
@@ -266,7 +266,7 @@ def test_task_refuses_a_destination_its_node_cannot_see(images: Path, tmp_path: 
     result, _ = _write_task(sub, None, __version__)  # the task body, run here, writes shard 1
     assert result.number == 1 and (tmp_path / "out" / plan.shards[1].name).is_file()
     # a node that wrote into its own disk instead of the shared DST is caught before the index
-    from fastfeed.packing.ray_engine import _check_shards_here
+    from fastfeed.packing.engines.ray import _check_shards_here
 
     other = plan.__class__(**{**plan.__dict__, "dst": str(tmp_path / "driver-view")})
     with pytest.raises(DestinationError, match="driver-view/shard-000001.tar: written by a Ray node but missing"):

@@ -21,8 +21,8 @@ from fastfeed.errors import (
     SourceError,
     UnsafePathError,
 )
-from fastfeed.packing.columns import parse_columns
-from fastfeed.packing.parquet import (
+from fastfeed.packing.sources.columns import parse_columns
+from fastfeed.packing.sources.parquet import (
     group_units,
     is_table_source,
     iter_samples,

@@ -15,7 +15,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from fastfeed.decode.fields import decode_field
 from fastfeed.errors import BadFileError, ConfigError, SourceError
-from fastfeed.packing.tokenize import (
+from fastfeed.packing.content.tokenize import (
     TOKENS_FIELD,
     Tokenizer,
     check_tokenize_field,
@@ -163,8 +163,8 @@ def test_parquet_to_packed_sequences_end_to_end(tok_file: Path, tmp_path: Path) 
     """The path pack + loader will take: parquet rows -> tokens per unit -> lengths -> packed batches."""
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from fastfeed.loading.seqpack import assemble, plan_seqpack
-    from fastfeed.packing.parquet import iter_unit, scan_parquet
+    from fastfeed.loading.order.seqpack import assemble, plan_seqpack
+    from fastfeed.packing.sources.parquet import iter_unit, scan_parquet
 
     pq.write_table(pa.table({"text": TEXTS}), tmp_path / "corpus.parquet", row_group_size=6)
     src = scan_parquet(tmp_path / "corpus.parquet", columns="text=txt")

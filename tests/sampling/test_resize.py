@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fastfeed.errors import StateError
 from fastfeed.sampling.costmodel import CostModel
-from fastfeed.sampling.planning import CostFn, plan_budget, plan_fixed
-from fastfeed.sampling.resize import plan_after, rest_samples, restrict, stage_seed
+from fastfeed.sampling.steps import CostFn, plan_budget, plan_fixed
+from fastfeed.sampling.elastic import plan_after, rest_samples, restrict, stage_seed
 
 COST = CostFn(CostModel.builtin("tokens"))
 

@@ -24,8 +24,8 @@ from fastfeed.errors import ConfigError
 from fastfeed.host import HostInfo, host_info, process_memory
 from fastfeed.timing.measure import Measurement, count_samples, measure
 from fastfeed.tuning.search import search
-from fastfeed.loading.knobs import Knob, SearchSpace, Setting, worker_ladder
-from fastfeed.loading.tuned import DATASET_FILE, TuneKey, TuneRecord, find_record, save_record
+from fastfeed.knobs.space import Knob, SearchSpace, Setting, worker_ladder
+from fastfeed.knobs.record import DATASET_FILE, TuneKey, TuneRecord, find_record, save_record
 
 pytestmark = pytest.mark.usefixtures("isolated_store")  # see tests/conftest.py
 

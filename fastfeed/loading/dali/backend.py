@@ -10,14 +10,14 @@ How it works:
 - **Reading**: the DALI index files ``fastfeed pack`` writes next to each tar shard say
   where every image's bytes are (no scanning); shards are memory-mapped and each batch
   is handed to DALI's ``external_source`` as zero-copy views.
-- **Order**: fastfeed's own epoch plan (:mod:`fastfeed.loading.plan`), the one the CPU path
+- **Order**: fastfeed's own epoch plan (:mod:`fastfeed.loading.order.epoch`), the one the CPU path
   uses: a pure function of (seed, epoch, world size), shuffled anew every epoch, every
   sample once per epoch across ranks, the same number of batches on every rank
   (``drop_last=False`` repeats at most ``world_size - 1`` samples, ``True`` drops the
   remainder). DALI's own ``fn.readers.webdataset`` is not used for this: its shuffle is
   a buffer seeded once per pipeline, its ``shard_id`` split gives ranks unequal counts,
   and it cannot start mid-epoch.
-- **Epochs**: the rules of :mod:`fastfeed.loading.cursor`, the one epoch cursor that the
+- **Epochs**: the rules of :mod:`fastfeed.loading.order.cursor`, the one epoch cursor that the
   CPU loader drives too: without ``set_epoch`` every new pass runs the next epoch,
   whether the previous pass finished or was abandoned. The pipelines stream epoch after
   epoch (the next epoch's first batches are decoded while the current one ends, so there
@@ -98,9 +98,9 @@ from fastfeed.errors import ConfigError, MissingDependencyError
 from fastfeed.host import cpu_count
 from fastfeed.loading.auto import lookup
 from fastfeed.loading.dali.pipeline import DaliLoader
-from fastfeed.loading.knobs import Knob, SearchSpace
+from fastfeed.knobs.space import Knob, SearchSpace
 from fastfeed.loading.options import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, check_dali_knobs
-from fastfeed.loading.planner import PlanSpec
+from fastfeed.loading.order.rankplan import PlanSpec
 from fastfeed.packed.index import DatasetIndex
 
 __all__ = [
@@ -131,7 +131,7 @@ DEFAULTS: dict[str, Any] = {"num_threads": 8, "hw_decoder_load": 0.65, "prefetch
                             "num_pipelines": 1}
 
 
-#: What ``fastfeed tune --decode dali`` searches (see :mod:`fastfeed.loading.knobs`):
+#: What ``fastfeed tune --decode dali`` searches (see :mod:`fastfeed.knobs.space`):
 #: no DataLoader workers; one coordinate pass over the hardware decoder's share (the
 #: knob that matters most and whose best value depends on the images), DALI's thread
 #: count, then its prefetch depth, then one or two pipelines: two are tried with the

@@ -2,7 +2,7 @@
 
 :class:`ShardMaps` memory-maps shards on demand. :class:`BatchFeeder` makes the batches
 the loader feeds to the pipeline's inputs: it follows fastfeed's epoch plan
-(:mod:`fastfeed.loading.planner`, the same order as ``decode="cpu"``) and gives each batch's
+(:mod:`fastfeed.loading.order.rankplan`, the same order as ``decode="cpu"``) and gives each batch's
 images as zero-copy views of the mapped shards (located by the
 :class:`~fastfeed.loading.dali.table.SampleTable`), gathered into one DALI
 ``TensorListCPU`` (:func:`tensor_batch`), with a small int64 ``meta`` row per sample
@@ -43,7 +43,7 @@ from fastfeed.loading.dali.table import SampleTable
 from fastfeed.decode.fields import decode_field, last_ext
 from fastfeed.errors import ConfigError, SampleError, ShardError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.planner import Batch, RankPlan
+from fastfeed.loading.order.rankplan import Batch, RankPlan
 from fastfeed.storage.remote import is_url, open_shard
 
 __all__ = [
@@ -183,7 +183,7 @@ class BatchFeeder:
         maps: the mapped shards.
         labels: ``labels(ids) -> int64 array``, or None (zeros are fed).
         plan: ``plan(epoch) -> RankPlan`` of this rank (:meth:`EpochCursor.plan
-            <fastfeed.loading.cursor.EpochCursor.plan>`).
+            <fastfeed.loading.order.cursor.EpochCursor.plan>`).
         placeholder: bytes of a tiny valid image for empty batches.
         pack: ``views -> what external_source is fed`` (:func:`tensor_batch`; the list
             of views itself by default).

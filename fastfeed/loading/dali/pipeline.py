@@ -1,6 +1,6 @@
 """The loader object around fastfeed's DALI pipeline (see :mod:`fastfeed.loading.dali.backend`;
 the graph itself is :mod:`fastfeed.loading.dali.graph`, the epochs and resume state
-:mod:`fastfeed.loading.cursor`).
+:mod:`fastfeed.loading.order.cursor`).
 
 ``num_pipelines`` pipelines (one by default) live as long as the loader: built at the
 first batch, kept across ``set_epoch``, ``load_state_dict``, abandoned passes and new
@@ -76,9 +76,10 @@ from fastfeed.loading.dali.reuse import PipelineSet, adopt, keep_warm, park, pip
 from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
 from fastfeed.errors import ConfigError, FastfeedError, SampleError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.loading.cursor import EpochCursor, Pass, Resumable
+from fastfeed.loading.order.cursor import Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
-from fastfeed.loading.planner import PlanSpec
+from fastfeed.loading.order.rankplan import PlanSpec
+from fastfeed.loading.sources import cursor_for
 from fastfeed.loading.stats import LoaderStats
 
 # build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
@@ -155,8 +156,8 @@ class DaliLoader(Resumable):
     Not a ``torch.utils.data.DataLoader`` (nothing here is a Dataset with workers), so
     Lightning and Accelerate pass it through untouched instead of re-wrapping its sampler.
     ``len``, ``epoch``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are those of
-    the CPU loader (:class:`~fastfeed.loading.cursor.Resumable` over the same
-    :class:`~fastfeed.loading.cursor.EpochCursor`): without ``set_epoch`` every new pass
+    the CPU loader (:class:`~fastfeed.loading.order.cursor.Resumable` over the same
+    :class:`~fastfeed.loading.order.cursor.EpochCursor`): without ``set_epoch`` every new pass
     runs the next epoch, finished or abandoned; a pass begins at the first ``next()``, and
     only the newest pass delivers batches.
 
@@ -179,7 +180,7 @@ class DaliLoader(Resumable):
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
         self.stats = LoaderStats(log_every=options.log_every)
-        self._cursor = EpochCursor.for_options(self.indexes, options, spec)
+        self._cursor = cursor_for(self.indexes, options, spec)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
         self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.cache_size,
@@ -236,7 +237,7 @@ class DaliLoader(Resumable):
         self._feeder.exclude(missing.tolist())
 
     # ------------------------------------------------------------------ the API
-    # len, epoch, set_epoch, state_dict, load_state_dict: Resumable (fastfeed.loading.cursor)
+    # len, epoch, set_epoch, state_dict, load_state_dict: Resumable (fastfeed.loading.order.cursor)
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self._cursor.run(self._open_pass)
 

@@ -1,6 +1,6 @@
 import time, sys, numpy as np
 import fastfeed
-from fastfeed.loading import dataset as D
+from fastfeed.loading.cpu import dataset as D
 from fastfeed.decode import cpu as C, raw as R
 acc={"read":0.0,"decode":0.0,"resize":0.0,"n":0}
 orig_dec=C.CpuDecoder.decode_batch

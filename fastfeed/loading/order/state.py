@@ -1,0 +1,188 @@
+"""The loader's ``state_dict()`` layout (version 2), its checks, and reading version 1.
+
+Version 2 (``{"fastfeed_loader": 2, ...}``)::
+
+    epoch, batches          the epoch and the batches consumed at the current shape
+    stages                  [[world_size, batch_size, mode, batches], ...]: every shape this
+                            epoch ran at, the current one last (fastfeed.loading.order.elastic)
+    rank, world_size, batch_size, drop_last, pad    the saving loader's shape (informative)
+    dataset, num_samples, weights, epoch_samples, selection, seed, shuffle, shuffle_block
+                            what the order depends on: must match (MUST_MATCH)
+
+A state resumes at any world size, batch size, ``drop_last``/``pad`` and ``num_workers``
+(elastic resume), a ``seq_len`` / ``batch_sampler`` loader's too (:class:`BatchStream`);
+a state of other data or another order is refused with every field that differs. Version 1 (no ``stages``) described one whole dataset at one shape. It is
+read as the one-stage state it is where the planner's order equals the old one (no
+padding in the epoch, or the epoch not begun or finished); otherwise (mid-epoch, with
+padding) the rest of that epoch is planned the old way
+(:func:`fastfeed.loading.order.position.legacy_plan`), which needs the saved shape, and states
+saved during that epoch stay version 1.
+
+Example:
+    >>> check_version({"fastfeed_loader": 3})
+    Traceback (most recent call last):
+    ...
+    fastfeed.errors.StateError: loader state version 3, this fastfeed reads 1 and 2
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from fastfeed.errors import StateError
+from fastfeed.loading.order.elastic import ElasticState, Layout, Stage, segment_after
+
+__all__ = ["MUST_MATCH", "MUST_MATCH_V1", "STATE_VERSION", "STREAM_KEYS", "BatchStream", "check_fields",
+           "check_stages", "check_stream_keys", "check_stream_state", "check_version", "v1_stage"]
+
+#: Version of the ``state_dict()`` layout written.
+STATE_VERSION = 2
+#: State fields that must match exactly, in the order they are reported.
+MUST_MATCH = ("dataset", "num_samples", "weights", "epoch_samples", "selection", "shuffle", "seed",
+              "shuffle_block")
+#: What a version-1 state had to match (its shape included).
+MUST_MATCH_V1 = ("dataset", "num_samples", "world_size", "batch_size", "drop_last", "shuffle", "seed",
+                 "shuffle_block")
+#: State fields of the batch streams (:class:`BatchStream`): a state holding one fits only a
+#: loader of that kind.
+STREAM_KEYS = ("seq_len", "sampler")
+_INTS = ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block")
+
+
+def check_version(state: Any) -> int:
+    """The layout version of ``state`` (1 or 2).
+
+    Raises:
+        StateError: not a mapping, or another version.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
+    if "fastfeed_loader" not in state:
+        raise StateError("loader state lacks fastfeed_loader (its version); pass the dict from Loader.state_dict()")
+    version = state["fastfeed_loader"]
+    if version not in (1, 2) or isinstance(version, bool):
+        raise StateError(f"loader state version {version!r}, this fastfeed reads 1 and 2")
+    return int(version)
+
+
+def check_fields(state: Mapping[str, Any], now: Mapping[str, Any], must_match: tuple[str, ...]) -> None:
+    """Every field of ``now`` present, the integers integers, ``must_match`` equal.
+
+    Raises:
+        StateError: the message names every missing field, or every difference
+            (``"saved with dataset='ab12', now 'cd34'"``).
+    """
+    missing = sorted(set(now) - set(state))
+    if missing:
+        raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
+    for name in _INTS:
+        v = state[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
+    diffs = [f"{k}={_show(state[k])}, now {_show(now[k])}" for k in must_match if _norm(state[k]) != _norm(now[k])]
+    if diffs:
+        raise StateError(
+            "loader state does not fit this loader: saved with " + "; ".join(diffs)
+            + ". Resume with the same datasets, weights, epoch_samples, subset/filter, shuffle, seed and "
+            "shuffle_block (the sample order depends on them); world size, batch size and num_workers may change")
+    if not state["rank"] < state["world_size"]:
+        raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
+
+
+def check_stages(state: Mapping[str, Any], epoch_samples: int) -> ElasticState:
+    """The stages of a version-2 state, each within its epoch's batches.
+
+    Raises:
+        StateError: malformed stages, or a stage that consumed more batches than it had.
+    """
+    st = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]})
+    if st.stages[-1].batches != state["batches"]:
+        raise StateError(f"loader state: batches={state['batches']} but its last stage says "
+                         f"{st.stages[-1].batches}; pass the dict from Loader.state_dict()")
+    for i, s in enumerate(st.stages):
+        total = segment_after(epoch_samples, st.stages[:i]).total
+        n = Layout(total, s.world_size, s.batch_size, s.mode).num_batches
+        if s.batches > n:
+            raise StateError(f"loader state: stage {i} ({s.world_size} ranks, batch {s.batch_size}, {s.mode}) "
+                             f"consumed {s.batches} batches of {n}; pass the dict from Loader.state_dict()")
+    return st
+
+
+def v1_stage(state: Mapping[str, Any]) -> Stage:
+    """The one stage a version-1 state describes."""
+    return Stage(state["world_size"], state["batch_size"], "drop" if state["drop_last"] else "pad",
+                 state["batches"])
+
+
+def _norm(v: Any) -> Any:
+    return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _show(v: Any) -> str:
+    return repr(_norm(v))
+
+
+class BatchStream(Protocol):
+    """A loader whose batches are not the sample plan's (``seq_len``, ``batch_sampler``):
+    how many batches an epoch (or its rest after earlier stages) has, and what its state
+    adds (see :mod:`fastfeed.loading.cpu.tokens`, :mod:`fastfeed.loading.cpu.sampled`). The
+    cursor's epochs, passes, batch counts and stages are unchanged: a state saved at
+    another world size or batch size continues the epoch, each stream re-planning its
+    rest from the stages (a token offset; a sampler's rest of the epoch)."""
+
+    def num_batches(self, epoch: int, prior: tuple[Stage, ...] = ()) -> int:
+        """Batches of ``epoch`` on this rank (the same on every rank), after the stages ``prior``."""
+
+    def state(self, epoch: int, batches: int, prior: tuple[Stage, ...] = ()) -> dict[str, Any]:
+        """The fields it adds to the state after ``prior`` and ``batches`` batches of ``epoch``."""
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise :class:`~fastfeed.errors.StateError` if ``state`` was saved by another stream."""
+
+    def check_stages(self, epoch: int, stages: tuple[Stage, ...]) -> None:
+        """Raise :class:`~fastfeed.errors.StateError` if a stage consumed more batches than it had."""
+
+
+def check_stream_keys(state: Any, now: Mapping[str, Any]) -> None:
+    """A state saved by a ``seq_len`` / ``batch_sampler`` loader fits only such a loader.
+
+    Example:
+        >>> check_stream_keys({"seq_len": 8}, {"epoch": 0})
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.StateError: loader state saved by a loader with seq_len=8; resume it with the same seq_len= / batch_sampler=
+    """
+    if not isinstance(state, Mapping):
+        return
+    saved_by = [f"{k}={state[k]!r}" for k in STREAM_KEYS if k in state and k not in now]
+    if saved_by:
+        raise StateError(f"loader state saved by a loader with {', '.join(saved_by)}; resume it with the same "
+                         "seq_len= / batch_sampler=")
+
+
+def check_stream_state(state: Mapping[str, Any], now: Mapping[str, Any], stream: BatchStream,
+                       shape: Stage) -> tuple[tuple[Stage, ...], int]:
+    """Validate a state (version 1 or 2) for a ``seq_len`` / ``batch_sampler`` loader of ``shape``;
+    return the stages of its epoch before this shape and the first batch at this shape.
+
+    A version-2 state resumes at any shape (elastic resume: the stream re-plans the rest
+    of the epoch after the saved stages); a version-1 state only at the shape it names.
+
+    Raises:
+        StateError: another stream or order, a version-1 state of another shape, or a
+            stage with more batches than it had.
+    """
+    stream.check_state(state)  # its own differences first: they explain the others
+    check_stream_keys(state, now)
+    version = check_version(state)
+    check_fields(state, now, MUST_MATCH if version == 2 else MUST_MATCH_V1)
+    stages = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]}).stages \
+        if version == 2 else (v1_stage(state),)
+    if stages[-1].batches != state["batches"]:
+        raise StateError(f"loader state: batches={state['batches']} but its last stage says "
+                         f"{stages[-1].batches}; pass the dict from Loader.state_dict()")
+    stream.check_stages(state["epoch"], stages)
+    last = stages[-1]
+    if last.same_shape(shape):
+        return stages[:-1], last.batches
+    return stages, 0

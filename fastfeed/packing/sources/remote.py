@@ -1,0 +1,156 @@
+"""Pack sources on object storage (``fastfeed pack s3://bucket/train DST``), through fsspec.
+
+:class:`UrlTree` is the object-store :class:`~fastfeed.packing.sources.tree.Tree`:
+:func:`fastfeed.packing.sources.scan.scan` lists a prefix once (``fs.find``) and then applies
+exactly the grouping and checks of a local folder (ImageFolder, files by key, JSONL
+manifests), so a prefix and a local copy of it give the same samples and the same skips.
+Names starting with ``.`` are ignored, as locally; object stores have no symlinks,
+permission bits or FIFOs, so those checks do not apply (an object that cannot be read
+fails, or is skipped, when its shard is written).
+
+Reading (:func:`read`, used by :func:`fastfeed.packing.load.read_source`) fetches whole
+objects or byte ranges with :func:`fastfeed.storage.remote.with_retries`. Credentials and
+endpoints come from the environment (``AWS_*`` variables, ``~/.aws``): of the driver
+for planning, and of every node for ``--engine ray``.
+
+Example:
+    >>> tree = UrlTree("s3://bucket/train")                                   # doctest: +SKIP
+    >>> files, top_dirs, ignored = tree.list(Problems("raise", tree.shown))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import IO, Any
+
+from fastfeed.errors import BadFileError, SourceError
+from fastfeed.formats.naming import is_hidden
+from fastfeed.packing.sources.base import FileEntry, Problems
+from fastfeed.packing.sources.tree import FileStat
+from fastfeed.storage.remote import filesystem, with_retries
+
+__all__ = ["UrlTree", "read"]
+
+
+class UrlTree:
+    """A prefix on an fsspec file system (see :class:`~fastfeed.packing.sources.tree.Tree`).
+
+    Listings are kept for the life of the object, so the stat of every file a JSONL
+    manifest names costs one listing per folder, not one request per file.
+    """
+
+    noun = "object"
+    folder = "prefix"
+    container = "prefix (a folder)"
+
+    def __init__(self, root: str) -> None:
+        self.root = self.shown = root.rstrip("/")
+        self._listed: dict[str, FileStat] = {}
+        self._listed_dirs: set[str] = set()
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
+        """Every object under the root (files sorted by relative path); SourceError when none."""
+        fs, root = filesystem(self.root)
+        root = root.rstrip("/")
+        entries = with_retries(lambda: fs.find(root, withdirs=True, detail=True), self.root, "list")
+        files: list[FileEntry] = []
+        top_dirs: set[str] = set()
+        ignored: set[str] = set()
+        for path, info in entries.items():
+            rel = path.rstrip("/")[len(root):].lstrip("/")
+            if not rel:
+                continue
+            parts = rel.split("/")
+            hidden = next((i for i, p in enumerate(parts) if is_hidden(p)), None)
+            if hidden is not None:
+                ignored.add("/".join(parts[: hidden + 1]))
+                continue
+            if len(parts) > 1 or info.get("type") == "directory":
+                top_dirs.add(parts[0])
+            if info.get("type") == "directory":
+                continue
+            found = FileStat(int(info.get("size") or 0), _mtime_ns(info))
+            self._listed[fs.unstrip_protocol(path)] = found
+            files.append(FileEntry(rel, *found))
+        self._listed_dirs.add(self.root)
+        if not files:
+            raise SourceError(f"{self.root}: no objects under this prefix; pass the prefix or JSONL manifest "
+                              "to pack (and check the credentials and endpoint)")
+        files.sort()
+        return files, sorted(top_dirs), sorted(ignored)
+
+    def stat(self, path: str) -> FileStat | None:
+        """Size and mtime of the object at ``path``, or None; the first question about a
+        folder lists it (one paged request)."""
+        url = self.path(path).rstrip("/")
+        folder = url.rsplit("/", 1)[0]
+        if folder not in self._listed_dirs:
+            fs, fpath = filesystem(folder)
+
+            def ls() -> list[dict[str, Any]]:
+                try:
+                    return list(fs.ls(fpath, detail=True))
+                except FileNotFoundError:
+                    return []
+
+            for info in with_retries(ls, folder, "list"):
+                if info.get("type") != "directory":
+                    self._listed[fs.unstrip_protocol(str(info["name"]))] = FileStat(
+                        int(info.get("size") or 0), _mtime_ns(info))
+            self._listed_dirs.add(folder)
+        return self._listed.get(url)
+
+    def readable(self, path: str) -> bool:
+        return True  # no permission bits to check up front: reading tells
+
+    def open(self, path: str) -> IO[bytes]:
+        """Open an object for reading (a seekable fsspec file)."""
+        url = self.path(path)
+        fs, fpath = filesystem(url)
+        return with_retries(lambda: fs.open(fpath, "rb"), url, "open")
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    """Modification time of an fsspec entry in ns (0 when the store reports none)."""
+    for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
+        v = info.get(key)
+        if v is None:
+            continue
+        if isinstance(v, datetime.datetime):
+            return int(v.timestamp() * 1e9)
+        if isinstance(v, (int, float)):
+            return int(v * 1e9)
+        try:
+            return int(datetime.datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1e9)
+        except ValueError:
+            continue
+    return 0
+
+
+def read(url: str, size: int, offset: int | None = None) -> bytes:
+    """The whole object (checking it still has ``size`` bytes), or ``size`` bytes at ``offset``.
+
+    Raises:
+        BadFileError: missing, unreadable, or changed since it was planned.
+    """
+    fs, path = filesystem(url)
+    start = offset or 0
+
+    def get() -> bytes:
+        if offset is None:
+            return bytes(fs.cat_file(path))
+        return bytes(fs.cat_file(path, start=start, end=start + size))
+
+    try:
+        data = with_retries(get, url, "read")
+    except (FileNotFoundError, PermissionError) as e:
+        why = "not found" if isinstance(e, FileNotFoundError) else "access denied"
+        raise BadFileError(f"{url}: cannot read ({why}); fix or remove the object, "
+                           "or pass --on-error skip") from None
+    if len(data) != size:
+        raise BadFileError(f"{url}: changed while packing ({len(data)} bytes, planned {size}); re-run pack")
+    return data

@@ -1,0 +1,168 @@
+"""The local side of a ``pack`` source: a folder (or a manifest's folder) on this machine.
+
+``pack`` scans a *tree* (:class:`Tree`): a local folder (:class:`LocalTree`) or an
+object-store prefix (:class:`fastfeed.packing.sources.remote.UrlTree`). :func:`fastfeed.packing.sources.scan.scan`
+runs the same grouping and checks over either; a tree only lists, stats, opens and
+tells whether a file is readable. Member paths are relative to ``Tree.root`` (or absolute).
+
+Listing a local folder follows symlinks (a loop, a broken link, a FIFO or an unreadable
+folder is a problem naming the path); names starting with ``.`` are never samples and are
+returned as ignored.
+
+Example:
+    >>> tree = LocalTree("/data/train")                                   # doctest: +SKIP
+    >>> files, top_dirs, ignored = tree.list(Problems("raise", tree.shown))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import IO, NamedTuple, Protocol
+
+from fastfeed.errors import BadFileError, UnsafePathError
+from fastfeed.formats.naming import is_hidden
+from fastfeed.packing.sources.base import FileEntry, Problems, show
+
+__all__ = ["FileStat", "LocalTree", "Tree"]
+
+
+class FileStat(NamedTuple):
+    """The two fields of ``os.stat_result`` a scan reads."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+class Tree(Protocol):
+    """Where a ``pack`` source lives: a local folder or an object-store prefix.
+
+    Attributes:
+        root: what member paths are relative to (``Source.root``).
+        shown: how messages name the tree.
+        noun, folder, container: words for messages (``file``/``folder``, or
+            ``object``/``prefix``).
+    """
+
+    root: str
+    shown: str
+    noun: str
+    folder: str
+    container: str
+
+    def path(self, rel: str) -> str:
+        """Where ``rel`` (relative to the root, or absolute) is: a path or a URL."""
+
+    def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
+        """Every file under the root, sorted: (files, top-level folders, ignored names)."""
+
+    def stat(self, path: str) -> FileStat | None:
+        """Size and mtime of the regular file at ``path`` (relative to the root), or None."""
+
+    def readable(self, path: str) -> bool:
+        """False when ``path`` surely cannot be read (local permission bits)."""
+
+    def open(self, path: str) -> IO[bytes]:
+        """Open ``path`` (relative to the root) for reading bytes."""
+
+
+class LocalTree:
+    """A folder on this machine (see :class:`Tree`).
+
+    Args:
+        root: the folder (resolved for member paths).
+        shown: how messages name it (default: ``root`` as given).
+    """
+
+    noun = "file"
+    folder = "folder"
+    container = "folder"
+
+    def __init__(self, root: str | os.PathLike[str], shown: str | None = None) -> None:
+        self.shown = str(root) if shown is None else shown
+        self.root = str(root)
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
+        return _walk(Path(self.root), problems)
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            st = os.stat(self.path(path))
+        except (OSError, ValueError):
+            return None
+        return FileStat(st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+
+    def readable(self, path: str) -> bool:
+        return os.access(self.path(path), os.R_OK)
+
+    def open(self, path: str) -> IO[bytes]:
+        return open(self.path(path), "rb")
+
+
+def _walk(root: Path, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
+    """Walk ``root`` following symlinks: (regular files, top-level folders, ignored names)."""
+    files: list[FileEntry] = []
+    ignored: list[str] = []
+    top_dirs: list[str] = []
+    st0 = root.stat()
+    stack: list[tuple[str, str, dict[tuple[int, int], str]]] = [
+        ("", str(root), {(st0.st_dev, st0.st_ino): "."})
+    ]
+    while stack:
+        rel_dir, abs_dir, ancestors = stack.pop()
+        try:
+            with os.scandir(abs_dir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            problems.report(BadFileError, rel_dir or ".", f"cannot list folder ({e.strerror})",
+                            "fix its permissions, or pass --on-error skip")
+            continue
+        subdirs = []
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if is_hidden(e.name):
+                ignored.append(rel)
+                continue
+            try:
+                st = e.stat()
+            except OSError as err:
+                _report_stat_error(problems, rel, e.path, err)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                ident = (st.st_dev, st.st_ino)
+                if ident in ancestors:
+                    problems.report(UnsafePathError, rel,
+                                    f"symlink loop (points back to {show(ancestors[ident])})",
+                                    "remove or fix the link, or pass --on-error skip")
+                    continue
+                if not rel_dir:
+                    top_dirs.append(rel)
+                subdirs.append((rel, e.path, {**ancestors, ident: rel}))
+            elif stat.S_ISREG(st.st_mode):
+                files.append(FileEntry(rel, st.st_size, st.st_mtime_ns))
+            else:
+                problems.report(BadFileError, rel, "not a regular file (a FIFO, socket or device)",
+                                "remove it, or pass --on-error skip")
+        stack.extend(reversed(subdirs))
+    files.sort()
+    return files, top_dirs, ignored
+
+
+def _report_stat_error(problems: Problems, rel: str, path: str, err: OSError) -> None:
+    if err.errno == errno.ELOOP:
+        problems.report(UnsafePathError, rel, "symlink loop", "remove or fix the link, or pass --on-error skip")
+    elif err.errno == errno.ENOENT:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        problems.report(BadFileError, rel, f"broken symlink (points to {show(target)})",
+                        "fix or remove the link, or pass --on-error skip")
+    else:
+        problems.report(BadFileError, rel, f"cannot read ({err.strerror})",
+                        "fix its permissions, or pass --on-error skip")
