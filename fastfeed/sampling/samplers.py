@@ -46,14 +46,16 @@ import io
 import logging
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
+from fastfeed._state import StateLayout, Stages
 from fastfeed._util import parse_duration
 from fastfeed.dist import resolve_world
-from fastfeed.errors import ConfigError, StateError
+from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
 from fastfeed.sampling.costmodel import CostModel
 from fastfeed.sampling.elastic import plan_after, restrict, stage_seed
@@ -71,8 +73,19 @@ log = logging.getLogger(__name__)
 
 LengthsLike = Union[np.ndarray, Sequence[int], str, "os.PathLike[str]", Any, Callable[..., Any]]
 CostSpec = Union[str, CostModel, Callable[[np.ndarray], float]]
-_STATE_VERSION = 2
 DEFAULT_JITTER = 0.03
+#: The samplers' ``state_dict()`` layout (version 2; version 1 had no ``stages``): the
+#: version rules, integer checks, ``stages`` and messages are shared with the loader's
+#: (:class:`fastfeed._state.StateLayout`); ``source`` names the sampler class when read.
+STATE_LAYOUT = StateLayout(
+    "sampler state", version_key="version", version=2, reads=(1, 2), source="the sampler's state_dict()",
+    required=("sampler", "epoch", "step", "stages", "seed", "num_replicas", "num_samples", "lengths_digest",
+              "config"),
+    ints=("epoch", "step", "num_replicas", "num_samples"),
+    stages=Stages((("num_replicas", 1), ("steps", 0))), count_key="step",
+    v1_stage=lambda state: (state["num_replicas"], state["step"]))
+#: What a state must match: the sampler, its lengths and options (world size may change).
+_MUST_MATCH = ("sampler", "seed", "num_samples", "lengths_digest", "config")
 
 #: ``jitter="auto"``: the jitters tried, smallest first (the first is :data:`DEFAULT_JITTER`).
 AUTO_JITTERS = (0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.12)
@@ -380,6 +393,11 @@ class _LengthSampler:
             steps: steps of this epoch your loop has finished. By default, the steps this
                 sampler has yielded; a DataLoader with workers fetches ahead, so pass the
                 count of steps you trained when resuming matters.
+
+        Example:
+            >>> s = DistributedLengthBucketSampler([5, 9, 3, 7], batch_size=2, num_replicas=2, rank=0, jitter=0)
+            >>> {k: v for k, v in s.state_dict().items() if k in ("version", "epoch", "step", "stages")}
+            {'version': 2, 'epoch': 0, 'step': 0, 'stages': [[2, 0]]}
         """
         if self._digest is None:
             self._digest = _digest(self.lengths)
@@ -387,8 +405,8 @@ class _LengthSampler:
             pos = int(steps)
         else:
             pos = self._position if self._resume is None else self._resume
-        return {"sampler": type(self).__name__, "version": _STATE_VERSION, "epoch": self.epoch,
-                "step": pos, "stages": [[w, t] for w, t in self._stages] + [[self.num_replicas, pos]],
+        return {"sampler": type(self).__name__, "version": STATE_LAYOUT.version, "epoch": self.epoch,
+                "step": pos, "stages": STATE_LAYOUT.write_stages(self._stages, (self.num_replicas, pos)),
                 "seed": self.seed, "num_replicas": self.num_replicas,
                 "num_samples": int(self.lengths.shape[0]), "lengths_digest": self._digest,
                 "config": self._config()}
@@ -402,68 +420,29 @@ class _LengthSampler:
         gets equal steps and the unconsumed samples are delivered, each as often as the
         old plan held them (plus the policy's at most ``num_replicas - 1`` repeats or
         drops). Later epochs are a fresh plan at the new size. A version-1 state (no
-        ``stages``) is its one stage.
+        ``stages``) is its one stage. A state that is refused leaves the sampler as it was.
 
         Raises:
             StateError: the state is malformed, or was saved by a sampler with another
                 configuration or lengths (the message lists each difference).
         """
-        if not isinstance(state, Mapping):
-            raise StateError(f"sampler state must be a mapping, got {type(state).__name__}")
-        mine = self.state_dict()
-        missing = sorted(set(mine) - set(state) - {"stages"})
-        if missing:
-            raise StateError(f"sampler state lacks {missing}; was it saved by {type(self).__name__}.state_dict()?")
-        if state["version"] not in (1, _STATE_VERSION):
-            raise StateError(f"sampler state version {state['version']!r}; this fastfeed reads 1 and {_STATE_VERSION}")
-        diffs = [f"{k}: saved {state[k]!r}, now {mine[k]!r}"
-                 for k in ("sampler", "seed", "num_samples", "lengths_digest")
-                 if state[k] != mine[k]]
-        saved_cfg = state["config"] if isinstance(state["config"], Mapping) else {}
-        diffs += [f"config.{k}: saved {saved_cfg.get(k)!r}, now {v!r}"
-                  for k, v in mine["config"].items() if saved_cfg.get(k) != v]
-        if diffs:
-            raise StateError(
-                "the saved sampler state does not fit this sampler (" + "; ".join(diffs) + "). "
-                "Resume with the same lengths, world size, seed and options, or start the epoch afresh"
-            )
-        epoch, step = state["epoch"], state["step"]
-        if not (isinstance(epoch, int) and isinstance(step, int) and epoch >= 0 and step >= 0):
-            raise StateError(f"sampler state has epoch={epoch!r}, step={step!r}; both must be integers >= 0")
-        stages = _read_stages(state)
-        if stages[-1][1] != step:
-            raise StateError(f"sampler state step={step} but its last stage says {stages[-1][1]}")
-        self._load_stages(epoch, stages)
+        layout = replace(STATE_LAYOUT, source=f"{type(self).__name__}.state_dict()")
+        version = layout.check(state)
+        layout.check_match(state, self.state_dict(), _MUST_MATCH, owner="sampler",
+                           fix="Resume with the same lengths, seed and options, or start the epoch afresh")
+        epoch, stages = int(state["epoch"]), layout.read_stages(state, version)
 
-    def _load_stages(self, epoch: int, stages: tuple[tuple[int, int], ...]) -> None:
-        """Resume ``epoch`` after ``stages``, each checked against its plan."""
-        self.epoch, self._cached = epoch, None
-        for i in range(len(stages)):
-            self._stages = stages[:i]
-            plan = self._resized_plan() if i else self._plan_over(None, epoch=epoch, world_size=stages[0][0],
-                                                                   seed=self.seed)
-            if stages[i][1] > plan.num_steps:
-                raise StateError(f"sampler state step={stages[i][1]} is past the end of epoch {epoch} at "
-                                 f"num_replicas={stages[i][0]} ({plan.num_steps} steps)")
+        def steps(i: int) -> int:  # of stage i's plan, after the stages before it
+            world = stages[i][0]
+            if i == 0:
+                return self._plan_over(None, epoch=epoch, world_size=world, seed=self.seed).num_steps
+            return self._plan_after(epoch, stages[:i], world).num_steps
+
+        layout.check_within(stages, steps, epoch=epoch)
         last = stages[-1]
-        if last[0] == self.num_replicas:
-            self._stages, start = stages[:-1], last[1]
-        else:
-            self._stages, start = stages, 0
-        self._cached = None
+        self.epoch, self._cached = epoch, None
+        self._stages, start = (stages[:-1], last[1]) if last[0] == self.num_replicas else (stages, 0)
         self._position = self._resume = start
-
-
-def _read_stages(state: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
-    """``[[num_replicas, steps], ...]`` of a state (a version-1 state: its one stage)."""
-    raw = state.get("stages", [[state["num_replicas"], state["step"]]])
-    try:
-        stages = tuple((int(w), int(t)) for w, t in raw)
-    except (TypeError, ValueError):
-        stages = ()
-    if not stages or any(w < 1 or t < 0 for w, t in stages):
-        raise StateError(f"sampler state stages={raw!r}: a list of [num_replicas >= 1, steps >= 0]")
-    return stages
 
 
 # ---------------------------------------------------------------------- the samplers

@@ -69,20 +69,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from fastfeed.errors import ConfigError, FastfeedError, StateError
-from fastfeed.loading.order.elastic import Layout, Stage, mode_of
+from fastfeed.loading.order.elastic import ElasticState, Layout, Stage, mode_of
 from fastfeed.loading.order.rankplan import PlanSpec, RankPlan
 from fastfeed.loading.order.position import MAX_STAGES, Position, rank_plan
 from fastfeed.loading.order.state import (
+    LAYOUT,
     MUST_MATCH,
     STATE_VERSION,
     STREAM_KEYS,
     BatchStream,
-    check_stream_keys,
-    check_stream_state,
     check_fields,
     check_stages,
+    check_stream_keys,
+    check_stream_state,
     check_version,
-    v1_stage,
 )
 from fastfeed.packed.index import DatasetIndex
 
@@ -272,15 +272,13 @@ class EpochCursor:
         return self._v1_state() if self._legacy else self._v2_state()
 
     def _v2_state(self) -> dict[str, Any]:
-        s = self.shape
-        stages = [[p.world_size, p.batch_size, p.mode, p.batches] for p in self._prior]
         extra = {} if self._stream is None else self._stream.state(self._epoch, self._consumed, self._prior)
         return {
             **extra,
             "fastfeed_loader": STATE_VERSION,
             "epoch": self._epoch,
             "batches": self._consumed,
-            "stages": stages + [[s.world_size, s.batch_size, s.mode, self._consumed]],
+            "stages": LAYOUT.write_stages([p.row for p in self._prior], (*self.shape.row[:3], self._consumed)),
             "rank": self.rank,
             **self._shape_fields,
             **self._ident,
@@ -320,27 +318,19 @@ class EpochCursor:
         """(earlier stages, first batch at this shape, legacy) of a saved state."""
         check_stream_keys(state, self._v2_state())
         if check_version(state) == 2:
-            check_state(state, self._v2_state(), self.spec.epoch_samples)
-            stages = check_stages(state, self.spec.epoch_samples).stages
+            stages = check_state(state, self._v2_state(), self.spec.epoch_samples).stages
         else:
-            stages = (self._v1_stage(state),)
+            if self._ident["weights"] is not None or self._ident["selection"] is not None:
+                raise StateError("a version-1 loader state describes one whole dataset, and this loader mixes "
+                                 "datasets or has a subset/filter; resume with the loader it was saved by")
+            check_fields(state, self._v1_state(), _V1_MATCH)
+            stages = check_stages(state, self.spec.epoch_samples).stages
             if self._v1_needs_legacy(stages[0]):
                 return (), stages[0].batches, True
         last = stages[-1]
         if last.same_shape(self.shape):
             return stages[:-1], last.batches, False
         return stages, 0, False
-
-    def _v1_stage(self, state: Mapping[str, Any]) -> Stage:
-        if self._ident["weights"] is not None or self._ident["selection"] is not None:
-            raise StateError("a version-1 loader state describes one whole dataset, and this loader mixes "
-                             "datasets or has a subset/filter; resume with the loader it was saved by")
-        check_fields(state, self._v1_state(), _V1_MATCH)
-        stage = v1_stage(state)
-        n = Layout(self.spec.epoch_samples, stage.world_size, stage.batch_size, stage.mode).num_batches
-        if stage.batches > n:
-            raise StateError(f"loader state: batches={stage.batches} but an epoch of this loader has only {n}")
-        return stage
 
     def _v1_needs_legacy(self, stage: Stage) -> bool:
         """A version-1 state mid-epoch where the old plan padded: only the old plan resumes it exactly."""
@@ -358,12 +348,13 @@ class EpochCursor:
         return True
 
 
-def check_state(state: Any, now: Mapping[str, Any], epoch_samples: int) -> None:
-    """Validate a saved version-2 loader state against the loader's own (``now``).
+def check_state(state: Any, now: Mapping[str, Any], epoch_samples: int) -> ElasticState:
+    """Validate a saved version-2 loader state against the loader's own (``now``); return
+    its epoch and stages.
 
     Raises:
         StateError: the state is malformed, or the order it was saved with differs (the
-            message names every difference: "saved with seed=1, now 0").
+            message names every difference: "saved seed=1, now 0").
 
     Example:
         >>> check_state({"fastfeed_loader": 2, "epoch": 1}, {"epoch": 0, "batches": 0}, 10)
@@ -371,9 +362,8 @@ def check_state(state: Any, now: Mapping[str, Any], epoch_samples: int) -> None:
         ...
         fastfeed.errors.StateError: loader state lacks batches; pass the dict from Loader.state_dict()
     """
-    check_version(state)
     check_fields(state, now, MUST_MATCH)
-    check_stages(state, epoch_samples)
+    return check_stages(state, epoch_samples)
 
 
 class Resumable:

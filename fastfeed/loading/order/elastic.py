@@ -25,8 +25,9 @@ the old run had not consumed, each once, plus the new stage's own end padding.
 
 State. :class:`ElasticState` is ``epoch`` plus one :class:`Stage` (world size, batch
 size, mode, batches consumed) per shape the epoch has run at: three integers and a word
-per resize, nothing per sample. A resume at the same shape just updates the last
-stage's count; a new epoch starts from a single stage.
+per resize, nothing per sample (:data:`STAGES`, the rows of a state's ``stages``). A
+resume at the same shape just updates the last stage's count; a new epoch starts from a
+single stage.
 
 Example:
     >>> lay = Layout(total=10, world_size=4, batch_size=2, mode="pad")
@@ -41,12 +42,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from fastfeed._state import Stages, read_int
 from fastfeed.errors import ConfigError, StateError
 
-__all__ = ["MODES", "ElasticState", "Layout", "Segment", "Stage", "mode_of", "segment_after"]
+__all__ = ["MODES", "STAGES", "ElasticState", "Layout", "Segment", "Stage", "mode_of", "segment_after"]
 
 #: Remainder policies of a stage (see the module docstring).
 MODES = ("pad", "drop", "exact")
+#: The rows of a state's ``stages``: ``[world_size, batch_size, mode, batches]`` (:attr:`Stage.row`).
+STAGES = Stages((("world_size", 1), ("batch_size", 1), ("mode", MODES), ("batches", 0)))
+_FIX = "pass the dict from state_dict()"
 
 
 def mode_of(*, drop_last: bool, pad: bool) -> str:
@@ -173,6 +178,16 @@ class Stage:
     def same_shape(self, other: "Stage") -> bool:
         return (self.world_size, self.batch_size, self.mode) == (other.world_size, other.batch_size, other.mode)
 
+    @property
+    def row(self) -> tuple[int, int, str, int]:
+        """The stage as a row of a state's ``stages`` (:data:`STAGES`).
+
+        Example:
+            >>> Stage(8, 32, "pad", 5).row
+            (8, 32, 'pad', 5)
+        """
+        return (self.world_size, self.batch_size, self.mode, self.batches)
+
 
 def segment_after(epoch_samples: int, stages: tuple[Stage, ...]) -> Segment:
     """The positions of an epoch of ``epoch_samples`` that ``stages`` left unconsumed.
@@ -202,7 +217,7 @@ class ElasticState:
             >>> ElasticState(2, (Stage(8, 32, "pad", 5),)).to_dict()
             {'epoch': 2, 'stages': [[8, 32, 'pad', 5]]}
         """
-        return {"epoch": self.epoch, "stages": [[s.world_size, s.batch_size, s.mode, s.batches] for s in self.stages]}
+        return {"epoch": self.epoch, "stages": STAGES.write(s.row for s in self.stages)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ElasticState":
@@ -211,14 +226,7 @@ class ElasticState:
         Raises:
             StateError: the mapping is not a state written by :meth:`to_dict`.
         """
-        try:
-            epoch, raw = d["epoch"], d["stages"]
-            stages = tuple(Stage(int(w), int(b), str(m), int(c)) for w, b, m, c in raw)
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"elastic state {d!r} is malformed ({e}); pass the dict from state_dict()") from None
-        if not isinstance(epoch, int) or epoch < 0 or not stages:
-            raise StateError(f"elastic state: epoch={epoch!r} must be an integer >= 0 with at least one stage")
-        for s in stages:
-            if s.mode not in MODES or s.world_size < 1 or s.batch_size < 1 or s.batches < 0:
-                raise StateError(f"elastic state: stage {s} is invalid (mode in {MODES}, sizes >= 1, batches >= 0)")
-        return cls(epoch, stages)
+        if not isinstance(d, Mapping) or "epoch" not in d or "stages" not in d:
+            raise StateError(f"elastic state {d!r} is not a dict of epoch and stages; {_FIX}")
+        epoch = read_int(d, "epoch", what="elastic state", fix=_FIX)
+        return cls(epoch, tuple(Stage(*row) for row in STAGES.read(d["stages"], what="elastic state", fix=_FIX)))

@@ -11,29 +11,36 @@ Version 2 (``{"fastfeed_loader": 2, ...}``)::
 
 A state resumes at any world size, batch size, ``drop_last``/``pad`` and ``num_workers``
 (elastic resume), a ``seq_len`` / ``batch_sampler`` loader's too (:class:`BatchStream`);
-a state of other data or another order is refused with every field that differs. Version 1 (no ``stages``) described one whole dataset at one shape. It is
-read as the one-stage state it is where the planner's order equals the old one (no
-padding in the epoch, or the epoch not begun or finished); otherwise (mid-epoch, with
-padding) the rest of that epoch is planned the old way
-(:func:`fastfeed.loading.order.position.legacy_plan`), which needs the saved shape, and states
-saved during that epoch stay version 1.
+a state of other data or another order is refused with every field that differs.
+
+Version 1 (no ``stages``) described one whole dataset at one shape. It is read as the
+one-stage state it is where the planner's order equals the old one (no padding in the
+epoch, or the epoch not begun or finished); otherwise (mid-epoch, with padding) the rest
+of that epoch is planned the old way (:func:`fastfeed.loading.order.position.legacy_plan`),
+which needs the saved shape, and states saved during that epoch stay version 1.
+
+The layout is a :class:`fastfeed._state.StateLayout` (:data:`LAYOUT`): the version rules,
+the integer checks, the reading and writing of ``stages`` and their messages are shared
+with the samplers' state (:mod:`fastfeed.sampling.samplers`); what is the loader's own
+(the fields that must match, the batches a stage had, the rank) is here.
 
 Example:
     >>> check_version({"fastfeed_loader": 3})
     Traceback (most recent call last):
     ...
-    fastfeed.errors.StateError: loader state version 3, this fastfeed reads 1 and 2
+    fastfeed.errors.StateError: loader state version 3, this fastfeed reads 1 and 2: a newer fastfeed saved it; upgrade fastfeed to resume from it
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
+from fastfeed._state import StateLayout
 from fastfeed.errors import StateError
-from fastfeed.loading.order.elastic import ElasticState, Layout, Stage, segment_after
+from fastfeed.loading.order.elastic import STAGES, ElasticState, Layout, Stage, segment_after
 
-__all__ = ["MUST_MATCH", "MUST_MATCH_V1", "STATE_VERSION", "STREAM_KEYS", "BatchStream", "check_fields",
-           "check_stages", "check_stream_keys", "check_stream_state", "check_version", "v1_stage"]
+__all__ = ["LAYOUT", "MUST_MATCH", "MUST_MATCH_V1", "STATE_VERSION", "STREAM_KEYS", "BatchStream", "check_fields",
+           "check_stages", "check_stream_keys", "check_stream_state", "check_version", "read_stages"]
 
 #: Version of the ``state_dict()`` layout written.
 STATE_VERSION = 2
@@ -46,7 +53,21 @@ MUST_MATCH_V1 = ("dataset", "num_samples", "world_size", "batch_size", "drop_las
 #: State fields of the batch streams (:class:`BatchStream`): a state holding one fits only a
 #: loader of that kind.
 STREAM_KEYS = ("seq_len", "sampler")
-_INTS = ("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block")
+
+
+def _v1_row(state: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The one stage a version-1 state describes (it had no ``pad``: a stage pads or drops)."""
+    return (state["world_size"], state["batch_size"], "drop" if state["drop_last"] else "pad", state["batches"])
+
+
+#: The loader's state layout (the module docstring).
+LAYOUT = StateLayout(
+    "loader state", version_key="fastfeed_loader", version=STATE_VERSION, reads=(1, 2),
+    source="Loader.state_dict()", stages=STAGES, count_key="batches", v1_stage=_v1_row,
+    ints=("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"),
+    mismatch="saved {key}={saved}, now {now}")
+_REFIT = ("Resume with the same datasets, weights, epoch_samples, subset/filter, shuffle, seed and shuffle_block "
+          "(the sample order depends on them); world size, batch size and num_workers may change")
 
 
 def check_version(state: Any) -> int:
@@ -55,14 +76,7 @@ def check_version(state: Any) -> int:
     Raises:
         StateError: not a mapping, or another version.
     """
-    if not isinstance(state, Mapping):
-        raise StateError(f"load_state_dict() takes the dict from state_dict(), not {type(state).__name__}")
-    if "fastfeed_loader" not in state:
-        raise StateError("loader state lacks fastfeed_loader (its version); pass the dict from Loader.state_dict()")
-    version = state["fastfeed_loader"]
-    if version not in (1, 2) or isinstance(version, bool):
-        raise StateError(f"loader state version {version!r}, this fastfeed reads 1 and 2")
-    return int(version)
+    return LAYOUT.version_of(state)
 
 
 def check_fields(state: Mapping[str, Any], now: Mapping[str, Any], must_match: tuple[str, ...]) -> None:
@@ -70,56 +84,38 @@ def check_fields(state: Mapping[str, Any], now: Mapping[str, Any], must_match: t
 
     Raises:
         StateError: the message names every missing field, or every difference
-            (``"saved with dataset='ab12', now 'cd34'"``).
+            (``"saved dataset='ab12', now 'cd34'"``).
     """
-    missing = sorted(set(now) - set(state))
-    if missing:
-        raise StateError(f"loader state lacks {', '.join(missing)}; pass the dict from Loader.state_dict()")
-    for name in _INTS:
-        v = state[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise StateError(f"loader state: {name}={v!r} is not an integer >= 0")
-    diffs = [f"{k}={_show(state[k])}, now {_show(now[k])}" for k in must_match if _norm(state[k]) != _norm(now[k])]
-    if diffs:
-        raise StateError(
-            "loader state does not fit this loader: saved with " + "; ".join(diffs)
-            + ". Resume with the same datasets, weights, epoch_samples, subset/filter, shuffle, seed and "
-            "shuffle_block (the sample order depends on them); world size, batch size and num_workers may change")
+    LAYOUT.check(state, now)
+    LAYOUT.check_match(state, now, must_match, owner="loader", fix=_REFIT)
     if not state["rank"] < state["world_size"]:
-        raise StateError(f"loader state: rank={state['rank']} outside world_size={state['world_size']}")
+        raise LAYOUT.error(f"rank={state['rank']} outside world_size={state['world_size']}")
+
+
+def read_stages(state: Mapping[str, Any], version: int) -> tuple[Stage, ...]:
+    """The stages of a checked state (a version-1 state's: its one stage), the last one's
+    batches the state's ``batches``.
+
+    Raises:
+        StateError: a malformed stage, or a last stage that is not the state's position.
+    """
+    return tuple(Stage(*row) for row in LAYOUT.read_stages(state, version))
 
 
 def check_stages(state: Mapping[str, Any], epoch_samples: int) -> ElasticState:
-    """The stages of a version-2 state, each within its epoch's batches.
+    """The stages of a checked state (version 1 or 2), each within its epoch's batches.
 
     Raises:
         StateError: malformed stages, or a stage that consumed more batches than it had.
     """
-    st = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]})
-    if st.stages[-1].batches != state["batches"]:
-        raise StateError(f"loader state: batches={state['batches']} but its last stage says "
-                         f"{st.stages[-1].batches}; pass the dict from Loader.state_dict()")
-    for i, s in enumerate(st.stages):
-        total = segment_after(epoch_samples, st.stages[:i]).total
-        n = Layout(total, s.world_size, s.batch_size, s.mode).num_batches
-        if s.batches > n:
-            raise StateError(f"loader state: stage {i} ({s.world_size} ranks, batch {s.batch_size}, {s.mode}) "
-                             f"consumed {s.batches} batches of {n}; pass the dict from Loader.state_dict()")
-    return st
+    stages = read_stages(state, LAYOUT.version_of(state))
 
+    def batches(i: int) -> int:
+        s = stages[i]
+        return Layout(segment_after(epoch_samples, stages[:i]).total, s.world_size, s.batch_size, s.mode).num_batches
 
-def v1_stage(state: Mapping[str, Any]) -> Stage:
-    """The one stage a version-1 state describes."""
-    return Stage(state["world_size"], state["batch_size"], "drop" if state["drop_last"] else "pad",
-                 state["batches"])
-
-
-def _norm(v: Any) -> Any:
-    return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
-
-
-def _show(v: Any) -> str:
-    return repr(_norm(v))
+    LAYOUT.check_within([s.row for s in stages], batches, epoch=state["epoch"])
+    return ElasticState(state["epoch"], stages)
 
 
 class BatchStream(Protocol):
@@ -176,11 +172,7 @@ def check_stream_state(state: Mapping[str, Any], now: Mapping[str, Any], stream:
     check_stream_keys(state, now)
     version = check_version(state)
     check_fields(state, now, MUST_MATCH if version == 2 else MUST_MATCH_V1)
-    stages = ElasticState.from_dict({"epoch": state["epoch"], "stages": state["stages"]}).stages \
-        if version == 2 else (v1_stage(state),)
-    if stages[-1].batches != state["batches"]:
-        raise StateError(f"loader state: batches={state['batches']} but its last stage says "
-                         f"{stages[-1].batches}; pass the dict from Loader.state_dict()")
+    stages = read_stages(state, version)
     stream.check_stages(state["epoch"], stages)
     last = stages[-1]
     if last.same_shape(shape):
