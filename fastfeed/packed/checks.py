@@ -1,5 +1,6 @@
 """``fastfeed info`` and ``fastfeed verify``: what a packed dataset holds, and is it intact.
 
+:func:`info` reads the index and its sidecars (never the shards) into an :class:`InfoReport`;
 :func:`verify` checks everything a reader relies on: the index loads, every shard exists
 with its recorded size and sha256, every sample parses and its key is unique, the
 offsets in ``offsets.npy`` point at the samples (tar) or records (LMDB), each tar's DALI
@@ -8,7 +9,12 @@ agree with the index, every image decodes, and every image stored as pixels (``r
 ``pack --store raw``) has the bytes its shape in ``shapes.npy`` says. It collects problems instead of stopping
 at the first one.
 
+Both reports print as :meth:`~InfoReport.text` (what ``fastfeed info`` / ``verify`` show) and
+:meth:`~InfoReport.to_json` (what they show with ``--json``).
+
 Example:
+    >>> info("/data/in-ff").num_samples   # doctest: +SKIP
+    1281167
     >>> report = verify("/data/in-ff", workers=4)   # doctest: +SKIP
     >>> report.ok, report.samples, report.problems[:1]  # doctest: +SKIP
     (True, 1281167, [])
@@ -19,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +33,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.formats import FORMATS
 from fastfeed.formats.images import decode_error
@@ -37,7 +45,7 @@ from fastfeed.packed.layout import LENGTHS_NAME, SKIPPED_NAME
 from fastfeed.packed.reader import resolve_index
 from fastfeed.storage.remote import is_gzip_tar, open_shard
 
-__all__ = ["VerifyReport", "info", "verify"]
+__all__ = ["InfoReport", "VerifyReport", "info", "store_line", "verify"]
 
 _MAX_PROBLEMS_PER_SHARD = 50
 _T = TypeVar("_T")
@@ -63,7 +71,22 @@ class VerifyReport:
     bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the attributes (what ``fastfeed verify --json`` prints)."""
         return asdict(self)
+
+    def text(self) -> str:
+        """What ``fastfeed verify`` prints: one ``ok:`` line, or the problems, one a line.
+
+        Example:
+            >>> print(VerifyReport("ff", ok=True, shards=2, samples=60, images=60).text())
+            ok: 2 shard(s), 60 samples, 60 images decoded
+            >>> print(VerifyReport("ff", ok=False, problems=["ff/a.tar: missing"]).text())
+            ff: 1 problem(s):
+              ff/a.tar: missing
+        """
+        if self.ok:
+            return f"ok: {self.shards} shard(s), {self.samples} samples, {self.images} images decoded"
+        return "\n".join([f"{self.path}: {len(self.problems)} problem(s):", *(f"  {p}" for p in self.problems)])
 
 
 #: What ``info`` and ``verify`` say about WebDataset tars that have no fastfeed index.
@@ -92,9 +115,163 @@ def is_foreign(idx: DatasetIndex) -> bool:
     return bool(idx.options.get("scanned"))
 
 
-def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
+@dataclass(frozen=True, eq=False)
+class InfoReport(Mapping[str, Any]):
+    """What :func:`info` says about a dataset: its index and sidecars, summarised.
+
+    It is also a read-only mapping of the :meth:`to_json` keys (what :func:`info` returned
+    before it returned a report), so ``report["num_samples"]`` is ``report.num_samples``.
+
+    Attributes:
+        path: the dataset, as given.
+        format: ``tar`` or ``lmdb``.
+        input: what pack read (``imagefolder``, ``files``, ``jsonl``, ``parquet``, ...).
+        num_samples, num_shards, bytes: samples, shards, and the bytes of all shards.
+        samples_per_shard: ``{"min", "max"}``.
+        shard_bytes: ``{"min", "max", "mean"}``.
+        fields: the fields of a sample (``jpg``, ``cls``, ...).
+        classes: the class names (None without classes).
+        has_labels: True when every sample has a class index (``labels.npy``).
+        dali_index: True when every tar shard has its DALI index file.
+        num_skipped: inputs left out (``pack --on-error skip``; for foreign tars, damaged or hidden members).
+        lengths: ``{"field", "min", "max", "mean", "median", "total"}`` of ``lengths.npy`` (None without).
+        options: the options pack recorded (``seed``, ``shuffle``, ``max_side``, ...).
+        fastfeed_version, index_version, fingerprint: what wrote the index, its version, its identity.
+        foreign: True for WebDataset tars without a fastfeed index (indexed in memory).
+        store: how images are stored: ``{"mode": "jpeg"}``, or for raw pixels the index's
+            ``store`` entry plus ``bytes`` (on disk) and ``bytes_as_jpeg`` (as image files).
+        note: for foreign tars, what they are and how to convert them (None otherwise).
+        samples_per_class: ``{"min", "max"}`` over the classes that have samples (None when no
+            sample has a class); a key of the mapping only when ``has_labels``.
+        tokenizer: the index's tokenizer entry plus ``total_tokens`` (``pack --tokenizer``; None without).
+
+    Example:
+        >>> report = info("/data/in-ff")                    # doctest: +SKIP
+        >>> report.num_samples, report["num_classes"]       # doctest: +SKIP
+        (1281167, 1000)
+        >>> print(report.text().splitlines()[2])            # doctest: +SKIP
+          samples    1281167 in 512 shard(s) of 2502-2503, 147.4 GB
+    """
+
+    path: str
+    format: str
+    input: str
+    num_samples: int
+    num_shards: int
+    bytes: int
+    samples_per_shard: dict[str, int]
+    shard_bytes: dict[str, int]
+    fields: tuple[str, ...]
+    classes: tuple[str, ...] | None
+    has_labels: bool
+    dali_index: bool
+    num_skipped: int
+    lengths: dict[str, Any] | None
+    options: dict[str, Any]
+    fastfeed_version: str
+    index_version: int
+    fingerprint: str
+    foreign: bool
+    store: dict[str, Any]
+    note: str | None = None
+    samples_per_class: dict[str, int] | None = None
+    tokenizer: dict[str, Any] | None = None
+
+    @property
+    def num_classes(self) -> int | None:
+        """How many classes (None without classes)."""
+        return None if self.classes is None else len(self.classes)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``fastfeed info --json`` prints); ``note``, ``samples_per_class`` and
+        ``tokenizer`` are keys only where they apply (foreign tars, labels, a tokenizer)."""
+        out: dict[str, Any] = {
+            "path": self.path, "format": self.format, "input": self.input, "num_samples": self.num_samples,
+            "num_shards": self.num_shards, "bytes": self.bytes, "samples_per_shard": dict(self.samples_per_shard),
+            "shard_bytes": dict(self.shard_bytes), "fields": list(self.fields), "num_classes": self.num_classes,
+            "classes": None if self.classes is None else list(self.classes), "has_labels": self.has_labels,
+            "dali_index": self.dali_index, "num_skipped": self.num_skipped,
+            "lengths": None if self.lengths is None else dict(self.lengths), "options": dict(self.options),
+            "fastfeed_version": self.fastfeed_version, "index_version": self.index_version,
+            "fingerprint": self.fingerprint, "foreign": self.foreign, "store": dict(self.store),
+        }
+        if self.foreign:
+            out["note"] = self.note
+        if self.has_labels:
+            out["samples_per_class"] = None if self.samples_per_class is None else dict(self.samples_per_class)
+        if self.tokenizer is not None:
+            out["tokenizer"] = dict(self.tokenizer)
+        return out
+
+    def text(self) -> str:
+        """What ``fastfeed info`` prints: the path, then one line per aspect (format, samples,
+        fields, store, classes, lengths, tokenizer, order, skipped)."""
+        sps = self.samples_per_shard
+        lines = [self.path, self._format_line(),
+                 f"  samples    {self.num_samples} in {self.num_shards} shard(s) of {sps['min']}-{sps['max']}, "
+                 f"{format_bytes(self.bytes)}",
+                 f"  fields     {', '.join(self.fields)}"]
+        if self.store.get("mode", "jpeg") != "jpeg":
+            lines.append(f"  {store_line(self.store, self.bytes)}")
+        elif not self.foreign:
+            lines.append("  store      jpeg (images as encoded files; `fastfeed pack --store raw` trades disk for CPU)")
+        if self.classes is not None:
+            shown = ", ".join(self.classes[:4]) + (", ..." if len(self.classes) > 4 else "")
+            spc = self.samples_per_class
+            per = f"; {spc['min']}-{spc['max']} samples per class" if spc else ""
+            lines.append(f"  classes    {len(self.classes)} ({shown}){per}")
+        if self.lengths is not None:
+            ln = self.lengths
+            lines.append(f"  lengths    {ln['field']}: min {ln['min']}, median {ln['median']:g}, max {ln['max']}, "
+                         f"total {ln['total']}")
+        if self.tokenizer:
+            t = self.tokenizer
+            stored = f"ids in {t['tokens']}" if t.get("tokens") else "counted only"
+            lines.append(f"  tokenizer  {t.get('field')} ({stored}): vocab {t.get('vocab_size')}, {t.get('dtype')}, "
+                         f"pad id {t.get('pad_id')}, {t.get('total_tokens')} tokens")
+        lines.append(self._order_line())
+        where = " (hidden or damaged members, see -v)" if self.foreign else " (see skipped.txt)"
+        lines.append(f"  skipped    {self.num_skipped}" + (where if self.num_skipped else ""))
+        return "\n".join(lines)
+
+    def _format_line(self) -> str:
+        if self.foreign:
+            return f"  format     {self.format}: {self.note}"
+        dali = ", DALI index files" if self.dali_index else ""
+        return (f"  format     {self.format}{dali} (packed from {self.input} by fastfeed {self.fastfeed_version}, "
+                f"index v{self.index_version})")
+
+    def _order_line(self) -> str:
+        o = self.options
+        order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
+        if self.foreign:
+            order = "as stored in the tars"
+        resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
+        resize += ", JPEGs with restart markers (crops decode only their blocks)" if o.get("jpeg_restarts") else ""
+        return f"  order      {order}{resize}"
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+
+def info(dst: str | os.PathLike[str]) -> InfoReport:
     """Summarise a packed dataset (from its index and sidecars; shards are not read), or a
     folder of WebDataset tars (from their member headers; ``foreign`` is True).
+
+    Args:
+        dst: the dataset folder or URL.
+
+    Returns:
+        An :class:`InfoReport` (also a read-only mapping of its JSON keys, as before).
+
+    Raises:
+        FastfeedError: no dataset there, or an index that does not load (the error says why).
 
     Example:
         >>> info("/data/in-ff")["num_samples"]   # doctest: +SKIP
@@ -103,49 +280,46 @@ def info(dst: str | os.PathLike[str]) -> dict[str, Any]:
     idx = open_checked(dst)
     counts = idx.shard_counts
     sizes = np.array([s.bytes for s in idx.shards], dtype=np.int64)
-    out: dict[str, Any] = {
-        "path": str(dst),
-        "format": idx.format,
-        "input": idx.input,
-        "num_samples": idx.num_samples,
-        "num_shards": len(idx.shards),
-        "bytes": int(sizes.sum()),
-        "samples_per_shard": {"min": int(counts.min()), "max": int(counts.max())},
-        "shard_bytes": {"min": int(sizes.min()), "max": int(sizes.max()), "mean": int(sizes.mean())},
-        "fields": list(idx.fields),
-        "num_classes": None if idx.classes is None else len(idx.classes),
-        "classes": None if idx.classes is None else list(idx.classes),
-        "has_labels": idx.has_labels,
-        "dali_index": all(s.dali_index for s in idx.shards) if idx.format == "tar" else False,
-        "num_skipped": len(idx.skipped),
-        "lengths": None,
-        "options": dict(idx.options),
-        "fastfeed_version": idx.fastfeed_version,
-        "index_version": idx.version,
-        "fingerprint": idx.fingerprint,
-        "foreign": is_foreign(idx),
-        "store": _store_info(idx, int(sizes.sum())),
-    }
-    if out["foreign"]:
-        out["note"] = FOREIGN_NOTE.format(src=dst)
-    labels = idx.labels
-    if labels is not None and len(labels):
-        per_class = np.bincount(labels[labels >= 0]) if (labels >= 0).any() else np.zeros(0, np.int64)
-        nonzero = per_class[per_class > 0]
-        out["samples_per_class"] = (
-            {"min": int(nonzero.min()), "max": int(nonzero.max())} if len(nonzero) else None
-        )
+    total = int(sizes.sum())
+    foreign = is_foreign(idx)
+    return InfoReport(
+        path=str(dst), format=idx.format, input=idx.input, num_samples=idx.num_samples, num_shards=len(idx.shards),
+        bytes=total, samples_per_shard={"min": int(counts.min()), "max": int(counts.max())},
+        shard_bytes={"min": int(sizes.min()), "max": int(sizes.max()), "mean": int(sizes.mean())},
+        fields=tuple(idx.fields), classes=None if idx.classes is None else tuple(idx.classes),
+        has_labels=idx.has_labels,
+        dali_index=all(s.dali_index for s in idx.shards) if idx.format == "tar" else False,
+        num_skipped=len(idx.skipped), lengths=_lengths_info(idx), options=dict(idx.options),
+        fastfeed_version=idx.fastfeed_version, index_version=idx.version, fingerprint=idx.fingerprint,
+        foreign=foreign, store=_store_info(idx, total), note=FOREIGN_NOTE.format(src=dst) if foreign else None,
+        samples_per_class=_per_class(idx.labels), tokenizer=_tokenizer_info(idx),
+    )
+
+
+def _per_class(labels: np.ndarray | None) -> dict[str, int] | None:
+    """``{"min", "max"}`` samples over the classes that have samples (None: no labelled sample)."""
+    if labels is None or not len(labels) or not (labels >= 0).any():
+        return None
+    per_class = np.bincount(labels[labels >= 0])
+    nonzero = per_class[per_class > 0]
+    return {"min": int(nonzero.min()), "max": int(nonzero.max())}
+
+
+def _lengths_info(idx: DatasetIndex) -> dict[str, Any] | None:
     lengths = idx.lengths
-    if lengths is not None and len(lengths):
-        out["lengths"] = {
-            "field": idx.lengths_field, "min": int(lengths.min()), "max": int(lengths.max()),
-            "mean": float(np.mean(lengths)), "median": float(np.median(lengths)),
-            "total": int(lengths.sum()),
-        }
-    if idx.tokenizer is not None:  # with a tokenizer, lengths.npy holds the token counts of its field
-        out["tokenizer"] = {**dict(idx.tokenizer), "total_tokens": None if out["lengths"] is None
-                            else out["lengths"]["total"]}
-    return out
+    if lengths is None or not len(lengths):
+        return None
+    return {"field": idx.lengths_field, "min": int(lengths.min()), "max": int(lengths.max()),
+            "mean": float(np.mean(lengths)), "median": float(np.median(lengths)), "total": int(lengths.sum())}
+
+
+def _tokenizer_info(idx: DatasetIndex) -> dict[str, Any] | None:
+    """The index's tokenizer entry plus ``total_tokens`` (lengths.npy holds the token counts of its field)."""
+    if idx.tokenizer is None:
+        return None
+    lengths = idx.lengths
+    return {**dict(idx.tokenizer), "total_tokens": None if lengths is None or not len(lengths)
+            else int(lengths.sum())}
 
 
 def _store_info(idx: DatasetIndex, total: int) -> dict[str, Any]:
@@ -156,8 +330,32 @@ def _store_info(idx: DatasetIndex, total: int) -> dict[str, Any]:
         return {"mode": "jpeg"}
     st = dict(idx.store)
     st["bytes"] = total
-    st["bytes_as_jpeg"] = total - int(st.get("raw_bytes", 0)) + int(st.get("encoded_bytes", 0))
+    st["bytes_as_jpeg"] = _bytes_as_jpeg(st, total)
     return st
+
+
+def _bytes_as_jpeg(store: Mapping[str, Any], total: int) -> int:
+    """The bytes of shards of ``total`` bytes if their raw pixels were the image files they were decoded from."""
+    return total - int(store.get("raw_bytes", 0)) + int(store.get("encoded_bytes", 0))
+
+
+def store_line(store: Mapping[str, Any], total: int) -> str:
+    """The ``store`` line of ``fastfeed pack`` and ``info`` for raw or mixed storage (``pack --store``).
+
+    Args:
+        store: the index's ``store`` entry (``mode``, ``field``, ``share``, ``raw_samples``,
+            ``raw_bytes``, ``encoded_bytes``).
+        total: the bytes of all shards.
+
+    Example:
+        >>> print(store_line({"mode": "raw", "field": "rgb8", "raw_samples": 120, "raw_bytes": 40_000_000,
+        ...                   "encoded_bytes": 3_000_000}, 41_200_000))
+        store      raw pixels (rgb8): 120 image(s) as pixels, 41.2 MB on disk, ~4.2 MB as JPEG (9.8x)
+    """
+    as_jpeg = _bytes_as_jpeg(store, total)
+    what = "raw pixels" if store.get("mode") == "raw" else f"mixed (share {store.get('share')} as pixels)"
+    return (f"store      {what} ({store.get('field', 'rgb8')}): {store.get('raw_samples')} image(s) as pixels, "
+            f"{format_bytes(total)} on disk, ~{format_bytes(as_jpeg)} as JPEG ({total / max(1, as_jpeg):.1f}x)")
 
 
 def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool = True,

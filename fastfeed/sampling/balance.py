@@ -160,11 +160,18 @@ class BalanceReport:
         return ff.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else float("nan")
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``fastfeed balance --json`` prints)."""
         return {"num_samples": self.num_samples, "world_size": self.world_size, "cost": self.cost,
                 "unit": self.unit, "settings": self.settings, "predicted_speedup": self.speedup(),
                 "samplers": [asdict(r) for r in self.rows]}
 
+    def text(self) -> str:
+        """What ``fastfeed balance`` prints: :meth:`table`."""
+        return self.table()
+
     def table(self) -> str:
+        """One row per sampler (steps, batch, padding efficiency, straggler, waits, epoch cost), then the
+        predicted speed-up."""
         head = (f"{self.num_samples:,} samples, world size {self.world_size}, cost {self.cost} [{self.unit}]")
         cols = ["steps/rank", "batch", "padding eff.", "straggler", "worst step", "wait share", "epoch cost"]
         width = max(len(r.name) for r in self.rows) + 2
