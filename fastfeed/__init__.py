@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "FitReport": "fastfeed.sampling.costmodel",
     "IndexMismatchError": "fastfeed.errors",
     "IndexVersionError": "fastfeed.errors",
+    "InfoReport": "fastfeed.packed.checks",
     "Loader": "fastfeed.loading.cpu.loader",
     "LoaderStats": "fastfeed.loading.stats",
     "MissingDependencyError": "fastfeed.errors",
