@@ -195,8 +195,8 @@ class StateLayout:
         version: the version written.
         source: where a good state comes from (``"Loader.state_dict()"``), for the fixes.
         reads: the versions read.
-        required: fields every version holds (``stages`` from ``stages_since`` on); an
-            owner may add the fields of its own state (:meth:`check`).
+        required: fields every version holds (with ``stages``, that field too from
+            ``stages_since`` on); an owner may add the fields of its own state (:meth:`check`).
         ints: fields that are integers >= 0 where present.
         stages: the rows of ``stages``, or None for a layout without them.
         count_key: the field the last stage's count equals (``"batches"``, ``"step"``).
@@ -264,12 +264,14 @@ class StateLayout:
         """
         need = set(self.required) | set(now) | {self.version_key}
         if isinstance(state, Mapping) and self.version_key not in state:  # say all that is missing
-            missing = sorted(need - set(state))
+            missing = sorted(need - set(state) - {"stages"})  # a version-1 state had none
             if self.version_key != "version":
                 missing[missing.index(self.version_key)] += " (its version)"
             raise StateError(f"{self.what} lacks {', '.join(missing)}; {self.fix}")
         version = self.version_of(state)
-        if version < self.stages_since:
+        if self.stages is not None and version >= self.stages_since:
+            need.add("stages")
+        else:
             need.discard("stages")
         missing = sorted(need - set(state))
         if missing:

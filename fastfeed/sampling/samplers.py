@@ -79,8 +79,7 @@ DEFAULT_JITTER = 0.03
 #: (:class:`fastfeed._state.StateLayout`); ``source`` names the sampler class when read.
 STATE_LAYOUT = StateLayout(
     "sampler state", version_key="version", version=2, reads=(1, 2), source="the sampler's state_dict()",
-    required=("sampler", "epoch", "step", "stages", "seed", "num_replicas", "num_samples", "lengths_digest",
-              "config"),
+    required=("sampler", "epoch", "step", "seed", "num_replicas", "num_samples", "lengths_digest", "config"),
     ints=("epoch", "step", "num_replicas", "num_samples"),
     stages=Stages((("num_replicas", 1), ("steps", 0))), count_key="step",
     v1_stage=lambda state: (state["num_replicas"], state["step"]))

@@ -108,6 +108,17 @@ def test_malformed_states_raise_state_error(bad) -> None:
         plan_rank(_spec([10], None), epoch=0, world_size=1, rank=0, batch_size=1, resume=bad)
 
 
+@pytest.mark.parametrize("bad, match", [
+    ({"epoch": 0, "stages": [[1, 1, "pad", 0], [2, 0, "pad", 0]]}, r"stage 1 has batch_size=0, not an integer >= 1"),
+    ({"epoch": 0, "stages": [[1, 1, "pad"]]}, r"stage 0 is \[1, 1, 'pad'\], not \[world_size, batch_size, mode, "),
+    ({"epoch": 0, "stages": [["1", 1, "pad", 0]]}, r"world_size='1', not an integer >= 1; .* floats or strings"),
+    ({"epoch": "0", "stages": [[1, 1, "pad", 0]]}, r"elastic state: epoch='0' is not an integer >= 0"),
+])
+def test_a_malformed_stage_is_named_with_its_column(bad, match) -> None:
+    with pytest.raises(StateError, match=match):
+        ElasticState.from_dict(bad)
+
+
 def test_resume_past_the_end_raises_state_error() -> None:
     with pytest.raises(StateError, match="batches=99"):
         plan_rank(_spec([10], None), epoch=0, world_size=1, rank=0, batch_size=1,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fastfeed.errors import StateError
 from fastfeed.sampling.samplers import (
     DistributedLengthBucketSampler,
     DistributedTokenBudgetSampler,
@@ -83,3 +84,33 @@ def test_a_version_1_state_is_its_one_stage() -> None:
     u = make("bucket", 3, 0)
     u.load_state_dict(v1)
     assert len(list(u)) == len(u) > 0
+
+
+def test_each_stage_is_checked_against_the_plan_at_its_own_world_size() -> None:
+    """A chain of resizes (2 -> 1 -> 8): stage 1 ran at 1 rank, so its steps are counted
+    against the rest planned at 1 rank, whatever world size loads the state."""
+    rest_at_1 = make("bucket", 1, 0).epoch_plan(0, after=[(2, 3)], world_size=1).num_steps
+    rest_at_8 = make("bucket", 8, 0).epoch_plan(0, after=[(2, 3)], world_size=8).num_steps
+    assert rest_at_8 < rest_at_1
+    chain = {**make("bucket", 1, 0).state_dict(), "step": rest_at_1, "stages": [[2, 3], [1, rest_at_1]]}
+    for world in (1, 8, 3):
+        s = make("bucket", world, 0)
+        s.load_state_dict(chain)  # the whole rest ran at 1 rank: nothing is left
+        assert list(s) == [] and s.state_dict()["stages"][:2] == [[2, 3], [1, rest_at_1]]
+    bogus = {**chain, "stages": [[2, 3], [8, rest_at_1]]}  # 8 ranks never had that many steps
+    for world in (1, 8, 3):
+        with pytest.raises(StateError, match=rf"stage 1 \(num_replicas=8\) consumed {rest_at_1} steps of "
+                                             rf"{rest_at_8}, past the end of epoch 0"):
+            make("bucket", world, 0).load_state_dict(bogus)
+
+
+def test_a_refused_state_leaves_the_sampler_as_it_was() -> None:
+    s = make("budget", 3, 1)
+    s.set_epoch(4)
+    it = iter(s)
+    next(it)
+    before = s.state_dict()
+    bad = {**before, "epoch": 2, "step": 10**6, "stages": [[3, 1], [2, 10**6]]}
+    with pytest.raises(StateError, match="stage 1"):
+        s.load_state_dict(bad)
+    assert s.state_dict() == before

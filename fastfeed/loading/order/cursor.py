@@ -412,7 +412,7 @@ class Resumable:
         """Continue from ``state`` (from :meth:`state_dict`) on the next pass.
 
         Every field is checked; anything the order depends on must match, and the error
-        says what differs (``"saved with seed=1, now 0"``). The saving rank does not
+        says what differs (``"saved seed=1, now 0"``). The saving rank does not
         matter: all ranks consume the same number of batches. A state saved at another
         world size or batch size continues the same epoch (elastic resume: the rest of
         the epoch is dealt to the new ranks, each unconsumed sample once).
