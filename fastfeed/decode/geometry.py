@@ -75,10 +75,12 @@ def _pair(name: str, value: Sequence[float], hi: float) -> tuple[float, float]:
     return lo_v, hi_v
 
 
-def check_crop(scale: Sequence[float], ratio: Sequence[float],
-               crop_fraction: float) -> tuple[tuple[float, float], tuple[float, float], float]:
+def check_crop(scale: Sequence[float], ratio: Sequence[float], crop_fraction: float, *,
+               names: tuple[str, str, str] = ("scale", "ratio", "crop_fraction"),
+               ) -> tuple[tuple[float, float], tuple[float, float], float]:
     """Validate the crop settings: RandomResizedCrop's area ``scale`` and aspect ``ratio``
-    ranges, and the evaluation crop's ``crop_fraction`` of the shorter side.
+    ranges, and the evaluation crop's ``crop_fraction`` of the shorter side; ``names`` are
+    what the messages call them.
 
     Raises:
         ConfigError: a range that is not ``0 < low <= high`` (``scale <= 1``), or a
@@ -93,8 +95,8 @@ def check_crop(scale: Sequence[float], ratio: Sequence[float],
     except (TypeError, ValueError):
         fraction = math.nan
     if not 0 < fraction <= 1:
-        raise ConfigError(f"crop_fraction={crop_fraction!r} must be in (0, 1]")
-    return _pair("crop_scale", scale, 1.0), _pair("crop_ratio", ratio, 100.0), fraction
+        raise ConfigError(f"{names[2]}={crop_fraction!r} must be in (0, 1]")
+    return _pair(names[0], scale, 1.0), _pair(names[1], ratio, 100.0), fraction
 
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -46,6 +46,7 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
+from fastfeed._options import fill_doc
 from fastfeed._util import parse_duration
 from fastfeed.decode.cpu import normalize_image_size
 from fastfeed.formats.naming import holds_pixels
@@ -71,10 +72,12 @@ from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.loading.auto import resolve_auto
+from fastfeed.loading.options import Crop, Dali, LoaderOptions, Order, Storage, Tokens, Workers
 from fastfeed.knobs.space import Setting
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index
 from fastfeed.storage.remote import is_url
+from fastfeed.tuning.api import LOADER_OPTIONS, measured_options
 from fastfeed.tuning.defaults import (
     DEFAULT_BATCH_SIZE,
     resolve_defaults,
@@ -111,6 +114,15 @@ def _check(batch_size: int, target_rate: float | None, step_time: float | None, 
     if source is not None and (is_url(str(source)) or not os.path.isdir(source)):
         raise ConfigError(f"--source {source}: not a local folder; give the folder the dataset was packed from")
     return demand, budget, world
+
+
+def _storage_options(storage: Any, loader_kwargs: Mapping[str, Any] | None) -> Any:
+    """The fsspec options to read the index with, before the options are validated."""
+    if isinstance(storage, Storage):
+        return storage.options
+    if isinstance(storage, Mapping):
+        return storage.get("options")
+    return (loader_kwargs or {}).get("storage_options")
 
 
 def _load_index(path: str, cache_dir: Any, storage_options: Any) -> DatasetIndex:
@@ -155,15 +167,24 @@ def doctor(
     image_size: int | tuple[int, int] | str | None = "auto",
     decode: str | None = "cpu",
     num_workers: int | str = "auto",
-    prefetch_factor: int | str | None = "auto",
-    time_budget: str | float = "60s",
+    augment: bool | None = None,
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    seq_len: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    loader_kwargs: Mapping[str, Any] | None = None,
+    crop: Crop | Mapping[str, Any] | None = None,
+    workers: Workers | Mapping[str, Any] | None = None,
+    dali: Dali | Mapping[str, Any] | None = None,
+    storage: Storage | Mapping[str, Any] | None = None,
+    tokens: Tokens | Mapping[str, Any] | None = None,
+    order: Order | Mapping[str, Any] | None = None,
+    time_budget: str | float = "60s",
     seed: int = 0,
     json: str | os.PathLike[str] | None = None,
     report: str | os.PathLike[str] | None = None,
     on_stage: Callable[[Stage], None] | None = None,
+    prefetch_factor: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    loader_kwargs: Mapping[str, Any] | None = None,
 ) -> DoctorReport:
     """Measure every stage of the input pipeline and say which one limits training.
 
@@ -179,16 +200,18 @@ def doctor(
         image_size: the output size training uses; ``"auto"``: 224 when the dataset has
             images (and is decoded), else None, as ``tune``.
         decode: ``"cpu"``, ``"dali"`` or None (raw bytes), as given to ``loader()``.
-        num_workers, prefetch_factor: the loader setting; ``"auto"`` is what ``loader()``
-            would use (a ``fastfeed tune`` result, else its heuristic).
+        num_workers: the loader's workers (with ``workers=Workers(prefetch_factor=)``, its
+            setting); ``"auto"`` is what ``loader()`` would use (a ``fastfeed tune`` result,
+            else its heuristic).
+        {loader options}
         time_budget: total measuring time, e.g. ``"60s"``.
-        cache_dir, storage_options: as for ``loader()`` (remote data).
-        loader_kwargs: further ``loader()`` arguments training uses (``transform``,
-            ``augment``, ``decode_backend``, ...); the decode probes use them too.
         seed: shuffle and crop seed.
         json: also write the report as JSON to this file.
         report: also write a self-contained HTML report to this file.
         on_stage: called with every stage as it is measured (progress).
+        prefetch_factor, storage_options, loader_kwargs: former spellings of
+            ``workers=Workers(prefetch_factor=)``, ``storage=Storage(options=)`` and of the
+            options above as one dict (each with a ``FutureWarning``).
 
     Returns:
         A :class:`DoctorReport`; ``report.bottleneck`` names the main finding.
@@ -203,9 +226,11 @@ def doctor(
     given_batch, batch_size = batch_size, DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     path_s = str(path)
-    kwargs = dict(loader_kwargs or {})
-    kwargs.update(cache_dir=cache_dir, storage_options=storage_options, rank=0, world_size=1)
-    index = _load_index(path_s, cache_dir, storage_options)
+    former = {k: v for k, v in (("prefetch_factor", prefetch_factor), ("storage_options", storage_options))
+              if v is not None}
+    if former:
+        loader_kwargs = {**former, **dict(loader_kwargs or {})}
+    index = _load_index(path_s, cache_dir, _storage_options(storage, loader_kwargs))
 
     has_images = _has_images(index)
     chosen = resolve_defaults(has_images=has_images, batch_size=given_batch, image_size=image_size, decode=decode)
@@ -214,9 +239,14 @@ def doctor(
     size = normalize_image_size(chosen.image_size)
     cores, ranks = cpu_count(), local_world_size()
     cores_per_rank = max(1, cores // ranks)
-    workers, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,
-                                             num_workers=num_workers, prefetch_factor=prefetch_factor)
-    setting = Setting(workers, pf)
+    options = measured_options(batch_size=batch_size, decode=decode, image_size=size, seed=seed,
+                               loader_kwargs=loader_kwargs, caller="doctor", augment=augment, transform=transform,
+                               seq_len=seq_len, cache_dir=cache_dir, crop=crop, workers=workers, dali=dali,
+                               storage=storage, tokens=tokens, order=order, rank=0, world_size=1)
+    storage_options = options.storage.options
+    num, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,
+                                         num_workers=num_workers, prefetch_factor=options.workers.prefetch_factor)
+    setting = Setting(num, pf)
     dali_skip = dali_skip_reason(index, decode, has_images)
     plan = ["storage", "loader"] + (["source"] if source is not None else [])
     plan += ["decode_core", "decode_all"] if decode == "cpu" else []
@@ -230,12 +260,12 @@ def doctor(
         if on_stage is not None:
             on_stage(stage)
 
-    run = Run(path_s, setting, batch_size, decode, size, kwargs, seed, Budget(budget, plan), emit)
+    run = Run(path_s, setting, options, Budget(budget, plan), emit)
     profile, images, balance = _measure(
         run, index, source=source, demand=demand, step=step_time if step_time is not None else
         batch_size / demand if demand else None, workers_from=workers_from, dali_skip=dali_skip, world=world,
         cores_per_rank=cores_per_rank, ranks=ranks, has_images=has_images, storage_options=storage_options)
-    facts = Facts(path=path_s, batch_size=batch_size, image_size=size, decode=decode, num_workers=workers,
+    facts = Facts(path=path_s, batch_size=batch_size, image_size=size, decode=decode, num_workers=num,
                   prefetch_factor=pf, workers_from=workers_from, cores_per_rank=cores_per_rank, local_ranks=ranks,
                   remote=is_url(index.shard_path(0)) if index.shards else False,
                   cache_dir=None if cache_dir is None else str(cache_dir),
@@ -260,9 +290,8 @@ def _measure(run: Run, index: DatasetIndex, *, source: Any, demand: float | None
              workers_from: str, dali_skip: str | None, world: int, cores_per_rank: int, ranks: int,
              has_images: bool, storage_options: Any) -> tuple[Any, Any, Any]:
     """Run every stage in turn; returns (the loader's profile, image sizes, the balance report)."""
-    cache_dir = run.loader_kwargs.get("cache_dir")
-    samples, ids = read_samples(index, cache_dir=cache_dir, storage_options=storage_options)
-    images = image_stats(samples, run.loader_kwargs.get("image_field")) if has_images else None
+    samples, ids = read_samples(index, cache_dir=run.options.cache_dir, storage_options=storage_options)
+    images = image_stats(samples, run.options.crop.image_field) if has_images else None
     if run.decode == "cpu":
         decode_stages(run, index, samples, ids, cores_per_rank, ranks)
     else:
@@ -300,3 +329,6 @@ def _report(f: Facts, index: DatasetIndex, findings: tuple[Finding, ...], limiti
     stages = tuple(f.stages[k] for k in order if k in f.stages)
     return DoctorReport(f.path, dataset, host, settings, f.demand, demand_from, deliverable, limiting,
                         input_bound, headroom, findings, stages, elapsed)
+
+
+fill_doc(doctor, LoaderOptions, names=LOADER_OPTIONS, marker="{loader options}")

@@ -7,8 +7,8 @@ come from the loader's own ``stats`` (after warm-up), so the doctor and the peri
 line classify the same figures the same way (:mod:`fastfeed.loading.bottleneck`).
 
 Example:
-    >>> run = Run(path, Setting(4, 2), batch_size=256, decode="cpu", image_size=(224, 224),
-    ...           loader_kwargs={}, seed=0, budget=Budget(60, ["loader"]), emit=print)  # doctest: +SKIP
+    >>> run = Run(path, Setting(4, 2), options=measured_options(batch_size=256, decode="cpu", image_size=224),
+    ...           budget=Budget(60, ["loader"]), emit=print)                           # doctest: +SKIP
     >>> measurement, profile = loader_stage(run, workers_from="tuned")                     # doctest: +SKIP
 """
 
@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
-from fastfeed.decode.cpu import CpuDecoder
 from fastfeed.diagnosis.probes import decode_probe
 from fastfeed.diagnosis.report import Stage
 from fastfeed.errors import FastfeedError
 from fastfeed.loading.bottleneck import LoadProfile
+from fastfeed.loading.cpu.loader import decoder_for
 from fastfeed.loading.dali.backend import DALI_INSTALL, dali_available
+from fastfeed.loading.options import LoaderOptions
 from fastfeed.knobs.space import Setting
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.sampling.balance import balance_report
 from fastfeed.timing.measure import Measurement
-from fastfeed.tuning.api import measure_loader
+from fastfeed.tuning.api import measure_loader, measured_options
 
 __all__ = ["Budget", "Run", "balance_stage", "dali_skip_reason", "dali_stage", "decode_stages", "loader_stage",
            "step_stage"]
@@ -41,12 +42,6 @@ WEIGHTS = {"storage": 1.0, "source": 1.0, "decode_core": 1.0, "decode_all": 1.0,
 #: Samples per batch in the decode probes: the per-sample cost barely depends on it, and
 #: small batches give many timed batches even for large images.
 PROBE_BATCH = 4
-# loader() keyword -> CpuDecoder keyword, for the decode probes
-_DECODER_ARGS = {"augment": "augment", "decode_backend": "backend", "image_field": "image_field",
-                 "transform": "transform", "crop_scale": "scale", "crop_ratio": "ratio", "flip": "flip",
-                 "crop_fraction": "crop_fraction"}
-
-
 class Budget:
     """Seconds per stage: ``total`` split by :data:`WEIGHTS` over the stages that run (>= 0.5 s each)."""
 
@@ -65,13 +60,25 @@ class Run:
 
     path: str
     setting: Any  # fastfeed.knobs.space.Setting
-    batch_size: int
-    decode: str | None
-    image_size: tuple[int, int] | None
-    loader_kwargs: Mapping[str, Any]
-    seed: int
+    options: LoaderOptions  # training's loader options (tuning.api.measured_options)
     budget: Budget
     emit: Callable[[Stage], None]
+
+    @property
+    def batch_size(self) -> int:
+        return self.options.batch_size
+
+    @property
+    def decode(self) -> str | None:
+        return self.options.decode
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        return self.options.image_size
+
+    @property
+    def seed(self) -> int:
+        return self.options.seed
 
 
 # ---------------------------------------------------------------------- decode
@@ -79,8 +86,7 @@ def decode_stages(run: Run, index: DatasetIndex, samples: list[dict[str, Any]], 
                   cores_per_rank: int, local_ranks: int) -> None:
     """Decode + augmentation ceilings: one process, then one process per core of the host."""
 
-    args = {_DECODER_ARGS[k]: v for k, v in run.loader_kwargs.items() if k in _DECODER_ARGS}
-    decoder = CpuDecoder(image_size=run.image_size, seed=run.seed, **args)
+    decoder = decoder_for(run.options)
     labels = index.labels[ids] if index.labels is not None and len(ids) else None
     batch = min(run.batch_size, PROBE_BATCH)
     one, per_cpu = decode_probe(decoder, samples, labels, processes=1, batch=batch,
@@ -133,9 +139,8 @@ def loader_run(run: Run, *, seconds: float, step_time: float | None = None
         if step_time:
             time.sleep(step_time)
 
-    m = measure_loader(run.path, run.setting, batch_size=run.batch_size, decode=run.decode,
-                       image_size=run.image_size, seconds=seconds, min_batches=4 if step_time else 8,
-                       seed=run.seed, loader_kwargs=run.loader_kwargs, consume=consume, on_loader=on_loader)
+    m = measure_loader(run.path, run.setting, options=run.options, seconds=seconds, min_batches=4 if step_time else 8,
+                       consume=consume, on_loader=on_loader)
     after = held["dl"].stats.summary()
     profile = LoadProfile.between(held.get("before", {}), after, run.setting.num_workers)
     if profile.batches < 2:  # too slow for steady batches after warm-up: take every timed batch
@@ -217,11 +222,12 @@ def dali_stage(run: Run, skip: str | None) -> None:
         run.emit(Stage("dali", "GPU decode (DALI)", None, "", {}, skipped=skip))
         return
 
-    kwargs = {k: v for k, v in run.loader_kwargs.items() if k not in ("transform", "decode_backend")}
-    try:
-        m = measure_loader(run.path, Setting(0, None), batch_size=run.batch_size, decode="dali",
-                           image_size=run.image_size, seconds=run.budget["dali"] / 1.5, seed=run.seed,
-                           loader_kwargs=kwargs)
+    o = run.options
+    try:  # training's crops, storage and order; what only worker processes do (transform, workers) has no DALI twin
+        dali = measured_options(batch_size=o.batch_size, decode="dali", image_size=o.image_size, seed=o.seed,
+                                augment=o.augment, cache_dir=o.cache_dir, crop=o.crop, dali=o.dali,
+                                storage=o.storage, order=o.order, rank=o.rank, world_size=o.world_size)
+        m = measure_loader(run.path, Setting(0, None), options=dali, seconds=run.budget["dali"] / 1.5)
     except FastfeedError as e:
         run.emit(Stage("dali", "GPU decode (DALI)", None, "", {}, skipped=str(e)))
         return

@@ -1,16 +1,15 @@
 """What ``loader()``'s first argument names: one dataset, or several to mix, with selections.
 
-Rules (documented in :func:`fastfeed.loader`):
+Rules (documented in :func:`fastfeed.loader`; :func:`~fastfeed.loading.options.as_sources`
+reads the argument):
 
-- A path, URL or :class:`~fastfeed.packed.index.DatasetIndex`: one dataset.
-- A list without ``weights``: the WebDataset tar shards of **one** dataset, as before. A
-  list of packed-dataset folders (each with ``index.json``) without weights is an error
-  that asks for ``weights=`` (mixing needs proportions; weights proportional to the sizes,
-  ``weights=[len_a, len_b]``, read each once per epoch).
-- A list with ``weights`` (one per entry): one dataset per entry (an entry may itself be
-  a list of tars), mixed in those proportions.
-- ``subset=`` / ``filter=``: for one dataset, one value; with several, one value for all
-  or a list with one per dataset (None for none).
+- A path, URL or :class:`~fastfeed.packed.index.DatasetIndex`: one dataset; a list of
+  WebDataset tars: the shards of **one** dataset.
+- A :class:`~fastfeed.loading.options.Source`: one dataset with its ``subset`` / ``filter``.
+- A list of :class:`~fastfeed.loading.options.Source`, each with a ``weight``: one dataset
+  per entry (an entry may itself be a list of tars), mixed in those proportions. A list of
+  packed-dataset folders without weights is an error that asks for them (weights
+  proportional to the sizes read each once per epoch).
 
 Datasets mixed into one batch must decode the same way: with ``decode="cpu"`` and an
 image size every dataset needs an image field, and labels must come from every
@@ -22,8 +21,8 @@ the loader is built, :func:`fastfeed.loading.dali.pipeline.mixed_table`). With `
 collates to None, as within one dataset).
 
 Example:
-    >>> o = loader_options(batch_size=4, rank=0, world_size=1, weights=[1, 1])  # doctest: +SKIP
-    >>> open_sources(["/data/a", "/data/b"], o).spec.epoch_samples     # doctest: +SKIP
+    >>> o = loader_options(batch_size=4, rank=0, world_size=1)                  # doctest: +SKIP
+    >>> open_sources(as_sources(["/data/a", "/data/b"], weights=[1, 1]), o).spec.epoch_samples  # doctest: +SKIP
     20000
 """
 
@@ -35,14 +34,14 @@ from typing import Any, Sequence
 
 from fastfeed.decode.cpu import pick_image_field
 from fastfeed.errors import ConfigError
-from fastfeed.loading.options import LoaderOptions
+from fastfeed.loading.options import LoaderOptions, Source, as_sources
 from fastfeed.loading.order.cursor import BatchStream, EpochCursor
 from fastfeed.loading.order.rankplan import PlanSpec, plan_spec
 from fastfeed.loading.order.selection import index_metadata, select
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index
 
-__all__ = ["Sources", "open_sources", "split_sources"]
+__all__ = ["Sources", "cursor_for", "open_sources"]
 
 
 @dataclass(frozen=True)
@@ -58,69 +57,28 @@ class Sources:
         return [i.fingerprint for i in self.indexes]
 
 
-def split_sources(path_or_url: Any, weights: Sequence[float] | None) -> list[Any]:
-    """The entries of ``path_or_url`` that are one dataset each (see the module docstring).
-
-    Example:
-        >>> split_sources(["a.tar", "b.tar"], None), split_sources(["a", "b"], [1, 2])
-        ([['a.tar', 'b.tar']], ['a', 'b'])
-    """
-    listed = isinstance(path_or_url, (list, tuple))
-    if weights is None:
-        if listed and path_or_url and all(_is_packed(p) for p in path_or_url) and len(path_or_url) > 1:
-            raise ConfigError(
-                f"loader() got {len(path_or_url)} packed datasets ({', '.join(map(str, path_or_url[:3]))}"
-                f"{', ...' if len(path_or_url) > 3 else ''}) without weights=; pass weights= to mix them "
-                "(e.g. weights=[0.7, 0.3]; weights proportional to their sizes read each once per epoch)")
-        return [list(path_or_url) if listed else path_or_url]
-    entries = list(path_or_url) if listed else [path_or_url]
-    if len(entries) != len(weights):
-        raise ConfigError(f"weights={list(weights)} has {len(weights)} entries for {len(entries)} dataset(s); "
-                          "give one weight per dataset")
-    return entries
-
-
-def _is_packed(p: Any) -> bool:
-    if isinstance(p, DatasetIndex):
-        return True
-    return isinstance(p, (str, os.PathLike)) and os.path.isfile(os.path.join(os.fspath(p), "index.json"))
-
-
-def _per_dataset(value: Any, k: int, what: str) -> list[Any]:
-    if k == 1:
-        return [value]
-    if isinstance(value, (list, tuple)) and len(value) == k and \
-            all(v is None or callable(v) or isinstance(v, (list, tuple)) or hasattr(v, "shape") for v in value):
-        return list(value)
-    if value is None or callable(value):
-        return [value] * k
-    raise ConfigError(f"{what}= with {k} datasets: give one per dataset (a list of {k}, None for none)")
-
-
-def open_sources(path_or_url: Any, o: LoaderOptions) -> Sources:
-    """Resolve, check and select the datasets of ``loader(path_or_url, **options)``.
+def open_sources(sources: Sequence[Source], o: LoaderOptions) -> Sources:
+    """Resolve, check and select the datasets of ``loader(path, ...)`` (``sources``: :func:`as_sources` of it).
 
     Raises:
-        ConfigError: weights that do not fit the datasets, a bad subset/filter, or
-            datasets that cannot share a batch (the message names them).
+        ConfigError: a bad subset/filter, or datasets that cannot share a batch (the
+            message names them).
     """
-    entries = split_sources(path_or_url, o.weights)
     indexes = []
-    for entry in entries:
-        index = resolve_index(entry, cache_dir=o.cache_dir, cache_size=o.cache_size,
-                              storage_options=o.storage_options, on_error=o.on_error)
+    for src in sources:
+        index = resolve_index(src.path, cache_dir=o.cache_dir, cache_size=o.storage.cache_size,
+                              storage_options=o.storage.options, on_error=o.on_error)
         check_shards(index)
         indexes.append(index)
-    names = tuple(_name(e, i) for e, i in zip(entries, indexes))
+    names = tuple(_name(s.path, i) for s, i in zip(sources, indexes))
     if len(indexes) > 1:
         check_compatible(indexes, names, o)
-    subsets = _per_dataset(o.subset, len(indexes), "subset")
-    filters = _per_dataset(o.filter, len(indexes), "filter")
-    sels = [select(idx.shard_counts, subset=sub, filter=f, meta=index_metadata(idx) if f is not None else None,
-                   name=name)
-            for idx, name, sub, f in zip(indexes, names, subsets, filters)]
-    spec = plan_spec(sels, weights=o.weights, epoch_samples=o.epoch_samples, seed=o.seed, shuffle=o.shuffle,
-                     shuffle_block=o.shuffle_block)
+    sels = [select(idx.shard_counts, subset=src.subset, filter=src.filter,
+                   meta=index_metadata(idx) if src.filter is not None else None, name=name)
+            for idx, name, src in zip(indexes, names, sources)]
+    weights = None if len(sources) == 1 and sources[0].weight is None else [s.weight for s in sources]
+    spec = plan_spec(sels, weights=weights, epoch_samples=o.order.epoch_samples, seed=o.seed, shuffle=o.shuffle,
+                     shuffle_block=o.order.shuffle_block)
     return Sources(indexes=tuple(indexes), names=names, spec=spec)
 
 
@@ -145,13 +103,13 @@ def check_compatible(indexes: Sequence[DatasetIndex], names: Sequence[str], o: L
                           "parsed cls fields; pack them alike (labels for all or none), or use decode=None "
                           "(raw fields; no index label then)")
     if o.decode == "cpu" and o.image_size is not None:
-        fields = [o.image_field if o.image_field in i.fields else None if o.image_field else
+        fields = [o.crop.image_field if o.crop.image_field in i.fields else None if o.crop.image_field else
                   pick_image_field(i.fields) for i in indexes]
         lack = [f"{n} (fields {', '.join(i.fields) or 'unknown'})" for n, i, f in zip(names, indexes, fields)
                 if f is None and i.fields]
         if lack:
             raise ConfigError(f"decode='cpu' with image_size= decodes an image per sample, and "
-                              f"{'; '.join(lack)} has no {o.image_field or 'image'} field; mix image datasets, "
+                              f"{'; '.join(lack)} has no {o.crop.image_field or 'image'} field; mix image datasets, "
                               "pass image_field=, or decode=None for raw bytes")
 
 
@@ -173,6 +131,6 @@ def cursor_for(index: DatasetIndex | Sequence[DatasetIndex], o: LoaderOptions, s
         if len(indexes) != 1:
             raise ConfigError(f"cursor_for: {len(indexes)} datasets need their plan spec "
                               "(open_sources(...).spec), which holds the weights")
-        spec = plan_spec([indexes[0].shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.shuffle_block)
+        spec = plan_spec([indexes[0].shard_counts], seed=o.seed, shuffle=o.shuffle, shuffle_block=o.order.shuffle_block)
     return EpochCursor(spec, fingerprints=[i.fingerprint for i in indexes], batch_size=o.batch_size,
                        drop_last=o.drop_last, pad=o.pad, rank=o.rank, world_size=o.world_size, stream=stream)

@@ -1,4 +1,4 @@
-"""The text options of ``loader()``: ``seq_len``, ``pad_id``, ``pad_multiple``, ``batch_sampler``.
+"""The text options of ``loader()``: ``seq_len``, ``batch_sampler`` and :class:`~fastfeed.loading.options.Tokens`.
 
 Validated once by :func:`text_settings` (called from
 :func:`fastfeed.loading.options.loader_options`), kept apart from the image and DALI
@@ -9,20 +9,21 @@ options so each reads on its own:
   (token data has nothing for DALI to decode), a ``transform`` (the rows are made of
   stored token ids, not of samples), ``on_error="skip"`` (a left-out document would
   shift every later token of the plan) or a ``batch_sampler``.
-- ``pad_id`` / ``pad_multiple``: padded batches of a ``tokens`` field or of ragged
+- ``tokens=Tokens(pad_id=, pad_multiple=)``: padded batches of a ``tokens`` field or of ragged
   arrays a ``transform`` returns (:func:`fastfeed.decode.collate.collate`). ``pad_id``
   None is resolved against the dataset (the pad id ``pack --tokenizer`` stored, else 0).
 - ``batch_sampler``: a :class:`~fastfeed.sampling.samplers.DistributedTokenBudgetSampler`
   or :class:`~fastfeed.sampling.samplers.DistributedLengthBucketSampler` that decides
   every batch (:mod:`fastfeed.loading.cpu.sampled`). It owns the order, so ``shuffle``,
-  ``seed``, ``drop_last`` and ``shuffle_block`` go to the sampler, and ``batch_size``
+  ``seed``, ``drop_last`` and ``order=Order(shuffle_block=)`` go to the sampler, and ``batch_size``
   comes from it (a length-bucket sampler's ``batch_size``; a token budget's typical
   batch, used only for the worker heuristics). Its world is the loader's world.
 
 Example:
+    >>> from types import SimpleNamespace as NS
     >>> text_settings({"seq_len": 8, "decode": "cpu", "transform": None, "on_error": "raise",
-    ...                "pad_id": None, "pad_multiple": 1, "batch_sampler": None, "batch_size": 4})
-    {'seq_len': 8, 'pad_id': None, 'pad_multiple': 1}
+    ...                "tokens": NS(pad_id=None, pad_multiple=1), "batch_sampler": None, "batch_size": 4})
+    {'seq_len': 8}
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ SAMPLERS = (DistributedTokenBudgetSampler, DistributedLengthBucketSampler)
 _ORDER = {"shuffle": True, "seed": 0, "drop_last": False, "shuffle_block": DEFAULT_SHUFFLE_BLOCK}
 
 
+def _order_values(args: Mapping[str, Any]) -> dict[str, Any]:
+    order = args.get("order")
+    return {"shuffle": args.get("shuffle", True), "seed": args.get("seed", 0), "drop_last": args.get("drop_last", False),
+            "shuffle_block": getattr(order, "shuffle_block", DEFAULT_SHUFFLE_BLOCK)}
+
+
 def _positive(name: str, value: Any, *, allow_none: bool) -> int | None:
     if value is None and allow_none:
         return None
@@ -52,32 +59,26 @@ def _positive(name: str, value: Any, *, allow_none: bool) -> int | None:
     return value
 
 
-def _pad_id(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"pad_id={value!r} must be a token id (an integer >= 0), or None for the "
-                          "pad id the dataset's tokenizer recorded (else 0)")
-    return value
-
-
 def text_settings(args: Mapping[str, Any]) -> dict[str, Any]:
     """The checked text options of ``args`` (``loader()``'s arguments with defaults filled in).
 
-    Returns ``seq_len``, ``pad_id``, ``pad_multiple``, and with a ``batch_sampler`` also
-    ``batch_sampler``, ``batch_size``, ``rank`` and ``world_size`` taken from it.
+    Returns ``seq_len``, and with a ``batch_sampler`` also ``batch_sampler``,
+    ``batch_size``, ``rank`` and ``world_size`` taken from it. ``args["tokens"]`` is the
+    checked :class:`~fastfeed.loading.options.Tokens` group.
 
     Raises:
         ConfigError: a value out of range, or a combination that cannot work (the message
             says which option to drop).
     """
     seq_len = _positive("seq_len", args.get("seq_len"), allow_none=True)
-    out: dict[str, Any] = {"seq_len": seq_len, "pad_id": _pad_id(args.get("pad_id")),
-                           "pad_multiple": _positive("pad_multiple", args.get("pad_multiple", 1), allow_none=False)}
+    out: dict[str, Any] = {"seq_len": seq_len}
     sampler = args.get("batch_sampler")
+    tokens = args["tokens"]
     if args.get("decode") == "dali":
-        given = [f"{k}={args[k]!r}" for k, neutral in (("seq_len", None), ("batch_sampler", None), ("pad_id", None),
-                                                       ("pad_multiple", 1)) if args.get(k, neutral) != neutral]
+        values = {"seq_len": seq_len, "batch_sampler": sampler, "pad_id": tokens.pad_id,
+                  "pad_multiple": tokens.pad_multiple}
+        given = [f"{k}={values[k]!r}" for k, neutral in (("seq_len", None), ("batch_sampler", None), ("pad_id", None),
+                                                         ("pad_multiple", 1)) if values[k] != neutral]
         if given:
             raise ConfigError(f"decode='dali' decodes images; {', '.join(given)} load or pad token data, which "
                               "needs no decoding: use decode='cpu' (the default) with them")
@@ -107,10 +108,11 @@ def _sampler_settings(args: Mapping[str, Any], sampler: Any) -> dict[str, Any]:
             f"batch_sampler={type(sampler).__name__}: loader() takes a DistributedTokenBudgetSampler or "
             "a DistributedLengthBucketSampler (fastfeed.sampling.samplers); for another sampler use "
             "fastfeed.open_dataset() with a torch DataLoader")
-    given = [k for k, default in _ORDER.items() if args.get(k, default) != default]
+    values = _order_values(args)
+    given = [k for k, default in _ORDER.items() if values[k] != default]
     if given:
         raise ConfigError(
-            f"{', '.join(f'{k}={args[k]!r}' for k in given)}: with batch_sampler= the sampler decides the "
+            f"{', '.join(f'{k}={values[k]!r}' for k in given)}: with batch_sampler= the sampler decides the "
             "order; pass shuffle/seed/drop_last to the sampler and drop them here")
     name = type(sampler).__name__
     batch_size = args.get("batch_size")

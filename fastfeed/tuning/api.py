@@ -30,12 +30,13 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from fastfeed._options import fill_doc
 from fastfeed._util import format_bytes, parse_duration, parse_size
 from fastfeed.formats.naming import holds_pixels
 from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count, memory_total
-from fastfeed.loading.api import loader as make_loader
+from fastfeed.loading.api import build_loader
 from fastfeed.loading.auto import (
     HEURISTIC_MAX_WORKERS,
     heuristic_workers,
@@ -50,6 +51,18 @@ from fastfeed.knobs.record import (
     save_record,
     stored_record,
 )
+from fastfeed.loading.options import (
+    Crop,
+    Dali,
+    LoaderOptions,
+    Order,
+    Storage,
+    Tokens,
+    Workers,
+    as_sources,
+    loader_options,
+    with_values,
+)
 from fastfeed.packed.reader import resolve_index
 from fastfeed.timing.measure import Measurement, measure
 from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note
@@ -60,20 +73,54 @@ __all__ = [
     "HEURISTIC_MAX_WORKERS",
     "TuneResult",
     "heuristic_workers",
+    "LOADER_OPTIONS",
     "lookup",
     "measure_loader",
+    "measured_options",
     "resolve_auto",
     "tune",
 ]
 
 log = logging.getLogger(__name__)
 
+# ---------------------------------------------------------------------- the measured loader's options
+#: The ``loader()`` options ``tune`` and ``doctor`` take besides their own: the ones that change
+#: what a batch costs (their doc lines come from :class:`~fastfeed.loading.options.LoaderOptions`).
+LOADER_OPTIONS = ("augment", "transform", "seq_len", "cache_dir", "crop", "workers", "dali", "storage", "tokens",
+                  "order")
+
+
+def measured_options(*, batch_size: int, decode: str | None, image_size: Any, seed: int = 0,
+                     loader_kwargs: Mapping[str, Any] | None = None, caller: str = "tune",
+                     **options: Any) -> LoaderOptions:
+    """The options of the loaders ``tune`` / ``doctor`` measure: training's, shuffled, validated once.
+
+    ``options`` are :data:`LOADER_OPTIONS` (None: the loader's default); ``loader_kwargs``
+    is their former spelling as one dict (a ``FutureWarning`` names the new one).
+
+    Example:
+        >>> o = measured_options(batch_size=64, decode=None, image_size=None, rank=0, world_size=1)
+        >>> o.batch_size, o.shuffle
+        (64, True)
+    """
+    given = {k: v for k, v in options.items() if v is not None}
+    if loader_kwargs:
+        shown = ", ".join(f"{k}=..." for k in loader_kwargs)
+        warnings.warn(f"{caller}(loader_kwargs={{...}}) is the former spelling; pass the loader's options "
+                      f"directly: {caller}(path, {shown}) with the groups fastfeed.Crop/Workers/Dali/Storage/"
+                      "Tokens/Order; it still works in this release", FutureWarning, stacklevel=3)
+        given = {**dict(loader_kwargs), **given}
+    return loader_options(_stacklevel=4, batch_size=batch_size, decode=decode, image_size=image_size, shuffle=True,
+                          seed=seed, **given)
+
+
 # ---------------------------------------------------------------------- measuring the loader
 def measure_loader(
     path: str | os.PathLike[str],
     setting: Setting,
     *,
-    batch_size: int,
+    options: LoaderOptions | None = None,
+    batch_size: int | None = None,
     decode: str | None = "cpu",
     image_size: int | tuple[int, int] | None = None,
     seconds: float = 5.0,
@@ -85,7 +132,12 @@ def measure_loader(
     consume: Callable[[Any], None] | None = None,
     on_loader: Callable[[Any], None] | None = None,
 ) -> Measurement:
-    """Measure ``fastfeed.loader()`` at one setting (what tune and the benchmarks run).
+    """Measure ``fastfeed.loader()`` at one setting (what tune, doctor and the benchmarks run).
+
+    ``options``: the loader's validated options (:func:`measured_options`), of which the
+    setting replaces ``num_workers``, ``prefetch_factor`` and the decode mode's knobs;
+    without them, ``batch_size``, ``decode``, ``image_size``, ``seed`` and ``loader_kwargs``
+    (``loader()`` keywords) build them.
 
     A measurement times at least ``0.6 x seconds`` of steady state and ``min_rounds``
     batches per worker, after start-up and warm-up (found from the arrivals, see
@@ -104,15 +156,20 @@ def measure_loader(
         >>> m = measure_loader("/data/ff", Setting(4, 2), batch_size=256)  # doctest: +SKIP
         >>> m.samples_per_s                                                # doctest: +SKIP
     """
-    if (setting.num_workers == 0 and decode in ("cpu", None) and consume is None and on_loader is None
+    if options is None:
+        if batch_size is None:
+            raise ConfigError("measure_loader() needs options= or batch_size=")
+        with warnings.catch_warnings():  # the former spellings of loader_kwargs: a benchmark's own business
+            warnings.simplefilter("ignore", FutureWarning)
+            options = loader_options(batch_size=batch_size, decode=decode, image_size=image_size, shuffle=True,
+                                     seed=seed, **dict(loader_kwargs or {}))
+    o = with_values(options, setting.loader_kwargs())
+    if (setting.num_workers == 0 and o.decode in ("cpu", None) and consume is None and on_loader is None
             and "fork" in mp.get_all_start_methods()):
-        return _in_child(lambda: _measure_loader(path, setting, batch_size=batch_size, decode=decode,
-                                                 image_size=image_size, seconds=seconds,
-                                                 min_batches=min_batches, min_rounds=min_rounds, seed=seed,
-                                                 loader_kwargs=loader_kwargs, clock=clock))
-    return _measure_loader(path, setting, batch_size=batch_size, decode=decode, image_size=image_size,
-                           seconds=seconds, min_batches=min_batches, min_rounds=min_rounds, seed=seed,
-                           loader_kwargs=loader_kwargs, clock=clock, consume=consume, on_loader=on_loader)
+        return _in_child(lambda: _measure_loader(path, setting, o, seconds=seconds, min_batches=min_batches,
+                                                 min_rounds=min_rounds, clock=clock))
+    return _measure_loader(path, setting, o, seconds=seconds, min_batches=min_batches, min_rounds=min_rounds,
+                           clock=clock, consume=consume, on_loader=on_loader)
 
 
 def _in_child(fn: Callable[[], Measurement]) -> Measurement:
@@ -163,18 +220,15 @@ def _child_main(fn: Callable[[], Measurement], send: Any) -> None:
 
 
 def _measure_loader(
-    path: str | os.PathLike[str], setting: Setting, *, batch_size: int, decode: str | None,
-    image_size: int | tuple[int, int] | None, seconds: float, min_batches: int, min_rounds: int,
-    seed: int, loader_kwargs: Mapping[str, Any] | None, clock: Callable[[], float],
-    consume: Callable[[Any], None] | None = None, on_loader: Callable[[Any], None] | None = None,
+    path: str | os.PathLike[str], setting: Setting, options: LoaderOptions, *, seconds: float, min_batches: int,
+    min_rounds: int, clock: Callable[[], float], consume: Callable[[Any], None] | None = None,
+    on_loader: Callable[[Any], None] | None = None,
 ) -> Measurement:
-    extra = dict(loader_kwargs or {})
-    persistent = setting.num_workers == 0 or bool(extra.get("persistent_workers", True))
+    persistent = setting.num_workers == 0 or options.workers.persistent_workers
     with warnings.catch_warnings():  # tune oversubscribes the cores on purpose
         warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
                                 category=UserWarning)
-        dl = make_loader(str(path), batch_size=batch_size, decode=decode, image_size=image_size,
-                         shuffle=True, seed=seed, **setting.loader_kwargs(), **extra)
+        dl = build_loader(as_sources(str(path)), options)
         if on_loader is not None:
             on_loader(dl)
         epoch = 0
@@ -238,6 +292,16 @@ def tune(
     batch_size: int | None = None,
     decode: str | None = "cpu",
     image_size: int | tuple[int, int] | str | None = "auto",
+    augment: bool | None = None,
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    seq_len: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    crop: Crop | Mapping[str, Any] | None = None,
+    workers: Workers | Mapping[str, Any] | None = None,
+    dali: Dali | Mapping[str, Any] | None = None,
+    storage: Storage | Mapping[str, Any] | None = None,
+    tokens: Tokens | Mapping[str, Any] | None = None,
+    order: Order | Mapping[str, Any] | None = None,
     time_budget: str | float = "60s",
     max_workers: int | None = None,
     target_rate: float | None = None,
@@ -265,6 +329,7 @@ def tune(
         decode: the decode mode (``"cpu"``, ``"dali"``, None for raw bytes).
         image_size: the output size training uses (decode cost depends on it); ``"auto"``:
             224 when the dataset has images (and is decoded), else None, as ``doctor``.
+        {loader options}
         time_budget: measuring time, e.g. ``"60s"`` or ``"2m"``.
         max_workers: cap on workers (default: twice the cores per rank).
         target_rate: samples/s the training step consumes per rank; picks the cheapest
@@ -285,7 +350,7 @@ def tune(
             (steady where this one is not, confirmed, or measured over twice as long);
             otherwise that one is kept and ``TuneResult.notes`` says so.
         seed: shuffle seed of the measured loader.
-        loader_kwargs: further ``loader()`` arguments (``augment``, ``transform``, ...).
+        loader_kwargs: the former spelling of the options above as one dict (a ``FutureWarning``).
         on_trial: called after every measured setting (progress).
 
     Returns:
@@ -298,12 +363,16 @@ def tune(
 
     if plot is not None:
         require_plot(plot)  # before measuring for the whole budget
-    index = resolve_index(path)  # what the loader accepts: a packed dataset, or WebDataset tars
+    index = resolve_index(path, cache_dir=cache_dir)  # what the loader accepts: a packed dataset, or WebDataset tars
     chosen = resolve_defaults(has_images=any(holds_pixels(f) for f in index.fields), batch_size=batch_size,
                               image_size=image_size, decode=decode)
     batch_size, image_size = chosen.batch_size, chosen.image_size
     if chosen.assumed:
         log.info("tune: %s", chosen.line())
+    options = measured_options(batch_size=batch_size, decode=decode, image_size=image_size, seed=seed,
+                               loader_kwargs=loader_kwargs, augment=augment, transform=transform, seq_len=seq_len,
+                               cache_dir=cache_dir, crop=crop, workers=workers, dali=dali, storage=storage,
+                               tokens=tokens, order=order)
     if target_rate is not None and step_time is not None:
         raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
     if step_time is not None:
@@ -328,9 +397,7 @@ def tune(
              cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
 
     def measure_fn(s: Setting, seconds: float = per_trial) -> Measurement:
-        return measure_loader(index.root or path, s, batch_size=batch_size, decode=decode,
-                              image_size=image_size, seconds=seconds, seed=seed,
-                              loader_kwargs=loader_kwargs)
+        return measure_loader(index.root or path, s, options=options, seconds=seconds)
 
     def confirm_fn(s: Setting) -> Measurement:
         return measure_fn(s, CONFIRM_SCALE * per_trial)
@@ -382,3 +449,6 @@ def _store(result: TuneResult, index: Any, store_dir: Any, replace_better: bool)
         return replace(result, notes=result.notes + (note,))
     where = save_record(rec, root, store_dir)
     return replace(result, stored_at=str(where))
+
+
+fill_doc(tune, LoaderOptions, names=LOADER_OPTIONS, marker="{loader options}")

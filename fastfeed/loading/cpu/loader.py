@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, default_convert
 
 from fastfeed._util import format_bytes
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
+from fastfeed.decode.collate import Padding
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.loading.auto import resolve_auto
 from fastfeed.loading.bottleneck import line_hook
@@ -35,7 +36,7 @@ from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource
 from fastfeed.storage.remote import is_url
 
-__all__ = ["Loader", "convert_batch", "cpu_loader"]
+__all__ = ["Loader", "convert_batch", "cpu_loader", "decoder_for"]
 
 log = logging.getLogger(__name__)
 
@@ -159,24 +160,22 @@ def _pop_skipped(batch: dict[str, Any]) -> tuple[int, list[str]]:
 
 def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
     """``decode="cpu"`` / None: DataLoader workers decode whole batches of the epoch plan."""
+    w = o.workers
     index = sources.indexes[0]  # a tune result is looked up for the first dataset
     workers, prefetch, workers_from = resolve_auto(
         index, batch_size=o.batch_size, decode=o.decode, image_size=o.image_size,
-        num_workers=o.num_workers, prefetch_factor=o.prefetch_factor)
+        num_workers=o.num_workers, prefetch_factor=w.prefetch_factor)
     for idx in sources.indexes:
         if o.cache_dir is None and idx.shards and is_url(idx.shard_path(0)):
-            _warn_no_cache(idx, workers, _max_open(idx, o.shuffle_block, o.cache_dir))
+            _warn_no_cache(idx, workers, _max_open(idx, o.order.shuffle_block, o.cache_dir))
     padding, tokens_field = padding_of(index, o)
     decoder: CpuDecoder | RawDecoder
     if o.decode == "cpu":
-        decoder = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.decode_backend,
-                             image_field=o.image_field, transform=o.transform, scale=o.crop_scale,
-                             ratio=o.crop_ratio, flip=o.flip, crop_fraction=o.crop_fraction, pad=padding,
-                             tokens_field=tokens_field)
+        decoder = decoder_for(o, pad=padding, tokens_field=tokens_field)
     else:
         decoder = RawDecoder(o.transform, pad=padding)
-    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.cache_size, storage_options=o.storage_options,
-                           max_open=_max_open(idx, o.shuffle_block, o.cache_dir))
+    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.storage.cache_size, storage_options=o.storage.options,
+                           max_open=_max_open(idx, o.order.shuffle_block, o.cache_dir))
                for idx in sources.indexes]
     shape = Stage(o.world_size, o.batch_size, mode_of(drop_last=o.drop_last, pad=o.pad))
     dataset: ShardBatches | TokenBatches
@@ -190,12 +189,27 @@ def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
     cursor = cursor_for(sources.indexes, o, sources.spec, stream=getattr(dataset, "stream", None))
     return Loader(
         dataset, num_workers=workers, prefetch_factor=prefetch,
-        pin_memory=torch.cuda.is_available() if o.pin_memory is None else bool(o.pin_memory),
-        persistent_workers=o.persistent_workers, timeout=o.timeout,
-        multiprocessing_context=o.multiprocessing_context, worker_init_fn=o.worker_init_fn,
+        pin_memory=torch.cuda.is_available() if w.pin_memory is None else bool(w.pin_memory),
+        persistent_workers=w.persistent_workers, timeout=w.timeout,
+        multiprocessing_context=w.multiprocessing_context, worker_init_fn=w.worker_init_fn,
         log_every=o.log_every, workers_from=workers_from, cursor=cursor,
-        reuse_buffers=o.reuse_buffers and o.seq_len is None,
+        reuse_buffers=w.reuse_buffers and o.seq_len is None,
     )
+
+
+def decoder_for(o: LoaderOptions, *, pad: Padding | None = None, tokens_field: str | None = None) -> CpuDecoder:
+    """The CPU decoder of ``decode="cpu"`` with options ``o``: the loader's, and ``fastfeed doctor``'s probes'.
+
+    Example:
+        >>> from fastfeed.loading.options import Crop, loader_options
+        >>> d = decoder_for(loader_options(batch_size=4, image_size=32, crop=Crop(flip=False), rank=0, world_size=1))
+        >>> d.image_size, d.flip
+        ((32, 32), False)
+    """
+    c = o.crop
+    return CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.workers.decode_backend,
+                      image_field=c.image_field, transform=o.transform, scale=c.scale, ratio=c.ratio, flip=c.flip,
+                      crop_fraction=c.fraction, pad=pad, tokens_field=tokens_field)
 
 
 def _max_open(index: DatasetIndex, shuffle_block: int, cache_dir: Any) -> int:

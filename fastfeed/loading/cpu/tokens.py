@@ -87,8 +87,8 @@ def tokens_field(index: DatasetIndex) -> str | None:
 
 def padding_of(index: DatasetIndex, options: LoaderOptions) -> tuple[Padding, str | None]:
     """The decoders' padding (``pad_id`` resolved against the index) and the tokens field."""
-    pad_id = options.pad_id if options.pad_id is not None else (stored_pad_id(index) or 0)
-    return Padding(pad_id=pad_id, pad_multiple=options.pad_multiple), tokens_field(index)
+    pad_id = options.tokens.pad_id if options.tokens.pad_id is not None else (stored_pad_id(index) or 0)
+    return Padding(pad_id=pad_id, pad_multiple=options.tokens.pad_multiple), tokens_field(index)
 
 
 def _checked_lengths(index: DatasetIndex, field: str | None) -> np.ndarray:
@@ -205,8 +205,8 @@ class TokenBatches(IterableDataset):
         lengths = _checked_lengths(index, field)
         ds = cls(source, field=field, lengths=lengths, batch_size=o.batch_size,  # type: ignore[arg-type]
                  seq_len=o.seq_len, seed=o.seed, shuffle=o.shuffle, drop_last=o.drop_last,  # type: ignore[arg-type]
-                 rank=o.rank, world_size=o.world_size, shuffle_block=o.shuffle_block,
-                 pad_id=o.pad_id if o.pad_id is not None else (stored_pad_id(index) or 0))
+                 rank=o.rank, world_size=o.world_size, shuffle_block=o.order.shuffle_block,
+                 pad_id=o.tokens.pad_id if o.tokens.pad_id is not None else (stored_pad_id(index) or 0))
         if ds.stream.num_batches(0) == 0:
             raise ConfigError(
                 f"{_where(index)}: {ds.stream.total} tokens cannot fill one window of world_size={o.world_size} "

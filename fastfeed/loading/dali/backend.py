@@ -246,7 +246,7 @@ def default_num_threads() -> int:
 
 def _resolve_knobs(index: DatasetIndex, o: LoaderOptions) -> tuple[dict[str, Any], str]:
     """The DALI knobs with ``"auto"`` replaced by the stored tune result, else the defaults."""
-    knobs = {k.name: getattr(o, k.name) for k in TUNE_SPACE.knobs}
+    knobs = {k.name: getattr(o.dali, k.name) for k in TUNE_SPACE.knobs}
     auto = [k for k, v in knobs.items() if v == "auto"]
     if not auto:
         return knobs, "explicit"
@@ -316,5 +316,6 @@ def dali_loader(index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOpt
     indexes = [index] if isinstance(index, DatasetIndex) else list(index)
     d = import_dali()
     knobs, source = _resolve_knobs(indexes[0], options)
-    resolved = replace(options, **knobs, knobs_from=source, device_id=resolve_device(options.device_id))
+    dali = replace(options.dali, **knobs, device_id=resolve_device(options.dali.device_id))
+    resolved = replace(options, dali=dali, knobs_from=source)
     return DaliLoader(indexes, resolved, dali=d, spec=spec, names=names)

@@ -35,7 +35,7 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
     :data:`~fastfeed.loading.dali.feed.LABEL`).
 
     Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
-    ``num_threads``: this pipeline's CPU threads (default ``o.num_threads``; a loader of
+    ``num_threads``: this pipeline's CPU threads (default ``o.dali.num_threads``; a loader of
     several pipelines gives each its share, :func:`split_threads`).
 
     Example:
@@ -43,9 +43,9 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
     """
     fn, types = d.fn, d.types
     h, w = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
-    threads = o.num_threads if num_threads is None else num_threads
-    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=threads, device_id=o.device_id,
-                      seed=seed, prefetch_queue_depth=o.prefetch_queue_depth)
+    threads = o.dali.num_threads if num_threads is None else num_threads
+    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=threads, device_id=o.dali.device_id,
+                      seed=seed, prefetch_queue_depth=o.dali.prefetch_queue_depth)
     decoder = _decoder(d, o)
     with pipe:
         encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
@@ -53,10 +53,10 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
         labels = meta[LABEL]
         if o.augment:
             images = fn.decoders.image_random_crop(
-                encoded, random_area=list(o.crop_scale), random_aspect_ratio=list(o.crop_ratio),
+                encoded, random_area=list(o.crop.scale), random_aspect_ratio=list(o.crop.ratio),
                 num_attempts=10, **decoder)
             images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror: Any = fn.random.coin_flip(probability=0.5) if o.flip else 0
+            mirror: Any = fn.random.coin_flip(probability=0.5) if o.crop.flip else 0
         else:
             anchor, shape = _center_box(d, encoded, o)
             images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
@@ -64,11 +64,11 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
             images = fn.resize(images, resize_x=w, resize_y=h)
             mirror = 0
         norm: dict[str, Any] = {}
-        if o.output != "uint8":
-            norm = {"mean": [255.0 * m for m in o.mean or ()], "std": [255.0 * s for s in o.std or ()]}
-        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.output]
+        if o.dali.output != "uint8":
+            norm = {"mean": [255.0 * m for m in o.dali.mean or ()], "std": [255.0 * s for s in o.dali.std or ()]}
+        dtype = {"uint8": types.UINT8, "float16": types.FLOAT16, "float32": types.FLOAT}[o.dali.output]
         images = fn.crop_mirror_normalize(
-            images, dtype=dtype, output_layout="CHW" if o.layout == "NCHW" else "HWC",
+            images, dtype=dtype, output_layout="CHW" if o.dali.layout == "NCHW" else "HWC",
             mirror=mirror, **norm)
         pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
     pipe.build()
@@ -83,7 +83,7 @@ def _center_box(d: Any, encoded: Any, o: LoaderOptions) -> tuple[Any, Any]:
     out_h, out_w = o.image_size or (0, 0)
     size = d.fn.cast(d.fn.peek_image_shape(encoded), dtype=d.types.FLOAT)  # upright (H, W, C)
     height, width = size[0], size[1]
-    scale = dmath.min(height, width) * (o.crop_fraction / max(out_h, out_w))
+    scale = dmath.min(height, width) * (o.crop.fraction / max(out_h, out_w))
     h = dmath.clamp(dmath.floor(scale * out_h + 0.5), 1.0, height)
     w = dmath.clamp(dmath.floor(scale * out_w + 0.5), 1.0, width)
     top, left = dmath.floor((height - h) * 0.5), dmath.floor((width - w) * 0.5)
@@ -135,7 +135,7 @@ def probe_pipeline(d: Any, o: LoaderOptions) -> Any:
         >>> pipe = probe_pipeline(import_dali(), options)   # doctest: +SKIP
     """
     decode = d.fn.decoders.image_random_crop if o.augment else d.fn.decoders.image
-    pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.device_id, prefetch_queue_depth=1,
+    pipe = d.Pipeline(batch_size=1, num_threads=1, device_id=o.dali.device_id, prefetch_queue_depth=1,
                       exec_async=False, exec_pipelined=False)
     with pipe:
         pipe.set_outputs(decode(d.fn.external_source(name=PROBE, dtype=d.types.UINT8), **_decoder(d, o)))
@@ -147,5 +147,5 @@ def _decoder(d: Any, o: LoaderOptions) -> dict[str, Any]:
     """The image decoder's arguments: mixed (GPU) or CPU, with the hardware decoder's share."""
     decoder: dict[str, Any] = {"device": "mixed" if o.gpu else "cpu", "output_type": d.types.RGB}
     if o.gpu:
-        decoder["hw_decoder_load"] = o.hw_decoder_load
+        decoder["hw_decoder_load"] = o.dali.hw_decoder_load
     return decoder

@@ -183,10 +183,10 @@ class DaliLoader(Resumable):
         self._cursor = cursor_for(self.indexes, options, spec)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
-        self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.cache_size,
-                               storage_options=options.storage_options)
+        self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.storage.cache_size,
+                               storage_options=options.storage.options)
         names = names or [str(i.root or f"dataset {k}") for k, i in enumerate(self.indexes)]
-        self._table = mixed_table(self.indexes, names, options.image_field, options.storage_options)
+        self._table = mixed_table(self.indexes, names, options.crop.image_field, options.storage.options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
@@ -227,7 +227,7 @@ class DaliLoader(Resumable):
         if not missing.size:
             return
         shard, key, _ = where(self._table, self._maps, int(missing[0]))
-        what = self.options.image_field or "jpg/jpeg/png/webp/..."
+        what = self.options.crop.image_field or "jpg/jpeg/png/webp/..."
         if self.options.on_error == "raise":
             raise SampleError(
                 f"{shard}: sample '{key}' has no image field ({what}), and {missing.size - 1} more "
@@ -288,8 +288,8 @@ class DaliLoader(Resumable):
     def __repr__(self) -> str:
         o = self.options
         return (f"DaliLoader({self.index.root!r}, batch_size={o.batch_size}, image_size={o.image_size}, "
-                f"device_id={o.device_id}, num_threads={o.num_threads}, hw_decoder_load={o.hw_decoder_load}, "
-                f"prefetch_queue_depth={o.prefetch_queue_depth}, num_pipelines={o.num_pipelines}, "
+                f"device_id={o.dali.device_id}, num_threads={o.dali.num_threads}, hw_decoder_load={o.dali.hw_decoder_load}, "
+                f"prefetch_queue_depth={o.dali.prefetch_queue_depth}, num_pipelines={o.dali.num_pipelines}, "
                 f"rank={o.rank}/{o.world_size}, "
                 f"batches={len(self)})")
 
@@ -320,12 +320,12 @@ class DaliLoader(Resumable):
         o = self.options
         self._feeder.pending.clear()
         self._builds += 1
-        n = o.num_pipelines
-        first = [self._feeder() for _ in range(n * (o.prefetch_queue_depth + _AHEAD))]
+        n = o.dali.num_pipelines
+        first = [self._feeder() for _ in range(n * (o.dali.prefetch_queue_depth + _AHEAD))]
         pipes: list[Any] = []
         pipe = None
         try:
-            for lane, threads in enumerate(split_threads(o.num_threads, n)):
+            for lane, threads in enumerate(split_threads(o.dali.num_threads, n)):
                 pipe = build_pipeline(self._dali, o, pipeline_seed(o, epoch, step, self._builds, lane),
                                       num_threads=threads)
                 for images, meta in first[lane::n]:
@@ -338,7 +338,7 @@ class DaliLoader(Resumable):
             raise
         self._set.pipes, self._set.turn = pipes, 0
         self._set.dynamic = bool(getattr(pipes[0], "exec_dynamic", False))
-        keep_warm(lambda: probe_pipeline(self._dali, o), o.device_id if o.gpu else None)  # later builds: ~0.2 s
+        keep_warm(lambda: probe_pipeline(self._dali, o), o.dali.device_id if o.gpu else None)  # later builds: ~0.2 s
         _pipelines_changed()
         _LOADERS.add(self)
 
@@ -415,7 +415,7 @@ class DaliLoader(Resumable):
     def _tensor(self, out: Any) -> torch.Tensor:
         t = out.as_tensor()
         on_gpu = type(t).__name__ == "TensorGPU"
-        device = torch.device("cuda", self.options.device_id) if on_gpu else torch.device("cpu")
+        device = torch.device("cuda", self.options.dali.device_id) if on_gpu else torch.device("cpu")
         if self._dynamic:  # outputs are not reused: share them
             with device:
                 return torch.from_dlpack(t)

@@ -61,9 +61,7 @@ MAX_PARKED = 1
 
 # What the pipelines are built from: every option the graph, the decoder and the schedule
 # read (fastfeed.loading.dali.graph), and nothing about the dataset, the order or the host side.
-_KEY_FIELDS = ("batch_size", "image_size", "augment", "crop_scale", "crop_ratio", "flip", "crop_fraction",
-               "num_threads", "hw_decoder_load", "prefetch_queue_depth", "num_pipelines", "device_id",
-               "output", "mean", "std", "layout")
+_KEY_FIELDS = ("batch_size", "image_size", "augment", "crop", "dali")
 
 _PARKED: OrderedDict[tuple[Any, ...], "PipelineSet"] = OrderedDict()
 # a loader's finalizer runs where the garbage collector does: any thread, or this one inside adopt()
