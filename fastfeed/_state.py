@@ -51,12 +51,15 @@ __all__ = ["Rule", "StateLayout", "Stages", "differences", "read_int"]
 #: tuple of strings the words a word column may hold.
 Rule = Union[int, tuple[str, ...]]
 
-_LOSSY = " unchanged (a checkpoint format that turns integers into floats or strings breaks it)"
+def _whole(v: Any) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
 
 
-def _int_hint(whole: bool, least: int) -> str:
-    """The likely cause of a bad integer: a lossy checkpoint format, or an edit."""
-    return f" (its integers are never below {least}; was it edited?)" if whole else _LOSSY
+def _int_error(text: str, v: Any, least: int, fix: str) -> StateError:
+    """``<text> an integer >= least; <fix>`` and the likely cause: a lossy checkpoint format, or an edit."""
+    cause = (f" (its integers are never below {least}; was it edited?)" if _whole(v) else
+             " unchanged (a checkpoint format that turns integers into floats or strings breaks it)")
+    return StateError(f"{text} an integer >= {least}; {fix}{cause}")
 
 
 def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: int = 0) -> int:
@@ -81,9 +84,8 @@ def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: 
         fastfeed.errors.StateError: toy state: epoch='2' is not an integer >= 0; pass Toy.state_dict() unchanged (a checkpoint format that turns integers into floats or strings breaks it)
     """
     v = state[key]
-    whole = isinstance(v, Integral) and not isinstance(v, bool)
-    if not whole or v < least:
-        raise StateError(f"{what}: {key}={v!r} is not an integer >= {least}; {fix}{_int_hint(whole, least)}")
+    if not _whole(v) or v < least:
+        raise _int_error(f"{what}: {key}={v!r} is not", v, least, fix)
     return int(v)
 
 
@@ -169,10 +171,8 @@ class Stages:
                 raise StateError(f"{what}: stage {i} has {name}={v!r}, not one of "
                                  f"{', '.join(map(repr, rule))}; {fix}")
             return v
-        whole = isinstance(v, Integral) and not isinstance(v, bool)
-        if not whole or v < rule:
-            raise StateError(f"{what}: stage {i} has {name}={v!r}, not an integer >= {rule}; "
-                             f"{fix}{_int_hint(whole, rule)}")
+        if not _whole(v) or v < rule:
+            raise _int_error(f"{what}: stage {i} has {name}={v!r}, not", v, rule, fix)
         return int(v)
 
     def write(self, rows: Iterable[Sequence[Any]]) -> list[list[Any]]:
@@ -223,6 +223,14 @@ class StateLayout:
     v1_stage: Callable[[Mapping[str, Any]], Sequence[Any]] | None = None
     mismatch: str = "{key}: saved {saved}, now {now}"
 
+    def __post_init__(self) -> None:
+        if self.version not in self.reads:
+            raise ValueError(f"{self.what}: version {self.version} must be one of reads={self.reads}")
+        if self.stages is not None and (not self.count_key or (self.v1_stage is None and
+                                                               min(self.reads) < self.stages_since)):
+            raise ValueError(f"{self.what}: a layout with stages needs count_key, and v1_stage to read "
+                             f"versions before {self.stages_since}")
+
     @property
     def fix(self) -> str:
         """The usual fix: the dict from :attr:`source`."""
@@ -244,10 +252,10 @@ class StateLayout:
         if self.version_key not in state:
             raise StateError(f"{self.what} lacks {self.version_key} (its version); {self.fix}")
         v = state[self.version_key]
-        if isinstance(v, Integral) and not isinstance(v, bool) and v in self.reads:
+        if _whole(v) and v in self.reads:
             return int(v)
         text = f"{self.what} version {v!r}, this fastfeed reads {_words(self.reads)}"
-        if isinstance(v, Integral) and not isinstance(v, bool) and v > max(self.reads):
+        if _whole(v) and v > max(self.reads):
             raise StateError(f"{text}: a newer fastfeed saved it; upgrade fastfeed to resume from it")
         raise StateError(f"{text}; {self.fix}")
 
@@ -283,7 +291,7 @@ class StateLayout:
 
     def _stages(self) -> Stages:
         if self.stages is None:
-            raise StateError(f"{self.what} has no stages (a layout without them)")
+            raise TypeError(f"{self.what}: a layout without stages reads and writes none")
         return self.stages
 
     def read_stages(self, state: Mapping[str, Any], version: int) -> tuple[tuple[Any, ...], ...]:
@@ -294,9 +302,7 @@ class StateLayout:
             StateError: a malformed row, or a last count that is not the position.
         """
         stages = self._stages()
-        if version < self.stages_since:
-            if self.v1_stage is None:
-                raise StateError(f"{self.what} version {version} has no stages and no rule to read them")
+        if version < self.stages_since and self.v1_stage is not None:  # __post_init__: not None then
             raw: Any = [list(self.v1_stage(state))]
         else:
             raw = state["stages"]

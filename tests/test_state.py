@@ -89,6 +89,15 @@ def test_stage_capacity_and_the_fields_that_must_match() -> None:
                         owner="toy", fix="Start afresh")
 
 
+def test_an_inconsistent_layout_is_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="version 3 must be one of reads"):
+        StateLayout("x", version_key="x", version=3, source="X")
+    with pytest.raises(ValueError, match="needs count_key, and v1_stage"):
+        StateLayout("x", version_key="x", version=2, source="X", stages=TOY.stages, count_key="step")
+    with pytest.raises(TypeError, match="without stages"):
+        StateLayout("x", version_key="x", version=2, source="X").write_stages([], (1, 0))
+
+
 def test_read_int_and_a_stage_row_round_trip() -> None:
     assert read_int({"n": np.int32(4)}, "n", what="x", fix="f") == 4
     assert type(read_int({"n": np.int32(4)}, "n", what="x", fix="f")) is int

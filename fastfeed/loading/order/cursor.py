@@ -360,7 +360,7 @@ def check_state(state: Any, now: Mapping[str, Any], epoch_samples: int) -> Elast
         >>> check_state({"fastfeed_loader": 2, "epoch": 1}, {"epoch": 0, "batches": 0}, 10)
         Traceback (most recent call last):
         ...
-        fastfeed.errors.StateError: loader state lacks batches; pass the dict from Loader.state_dict()
+        fastfeed.errors.StateError: loader state lacks batches, stages; pass the dict from Loader.state_dict()
     """
     check_fields(state, now, MUST_MATCH)
     return check_stages(state, epoch_samples)
