@@ -430,7 +430,8 @@ def test_a_bad_state_is_refused_and_leaves_the_object_as_it_was(case: Stateful, 
         ({**state, ck: count + 1}, rf"{ck}={count + 1} but its last stage says {count}"),
         ({**state, "stages": []}, r"stages=\[\] is not a list of"),
         ({**state, "stages": [row[:-2] for row in state["stages"]]}, r"stage 0 is \["),
-        ({**state, ck: 10**6, "stages": [[*state["stages"][0][:-1], 10**6]]}, rf"stage 0 .* past the end of epoch {epoch}"),
+        ({**state, ck: 10**6, "stages": [[*state["stages"][0][:-1], 10**6]]},
+         rf"stage 0 .* past the end of epoch {epoch}"),
         ({**state, "seed": state["seed"] + 1}, r"does not fit this .*seed.*now"),
     ]
     obj = case.make(shape, root)

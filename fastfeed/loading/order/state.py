@@ -98,6 +98,11 @@ def read_stages(state: Mapping[str, Any], version: int) -> tuple[Stage, ...]:
 
     Raises:
         StateError: a malformed stage, or a last stage that is not the state's position.
+
+    Example:
+        >>> read_stages({"fastfeed_loader": 1, "batches": 2, "world_size": 4, "batch_size": 8,
+        ...              "drop_last": True}, 1)
+        (Stage(world_size=4, batch_size=8, mode='drop', batches=2),)
     """
     return tuple(Stage(*row) for row in LAYOUT.read_stages(state, version))
 
@@ -107,6 +112,12 @@ def check_stages(state: Mapping[str, Any], epoch_samples: int) -> ElasticState:
 
     Raises:
         StateError: malformed stages, or a stage that consumed more batches than it had.
+
+    Example:
+        >>> check_stages({"fastfeed_loader": 2, "epoch": 0, "batches": 5, "stages": [[2, 1, "pad", 5]]}, 7)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.StateError: loader state: stage 0 (world_size=2, batch_size=1, mode='pad') consumed 5 batches of 4, past the end of epoch 0 at that shape; pass the dict from Loader.state_dict()
     """
     stages = read_stages(state, LAYOUT.version_of(state))
 
