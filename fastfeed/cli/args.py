@@ -4,9 +4,10 @@
 - :func:`add_sizes` / :func:`resolve_sizes`: ``--batch-size`` / ``--image-size`` with the
   defaults ``tune`` and ``doctor`` share (:mod:`fastfeed.tuning.defaults`);
 - :func:`add_demand`: ``--target-rate`` / ``--step-time``, what training consumes;
-- :func:`add_loader_flags` / :func:`loader_args`: the loader settings as flags (``--decode``,
+- :func:`add_loader_flags` / :func:`loader_args`: the loader options as flags (``--decode``,
   ``--num-workers``, ``--prefetch-factor``, ``--cache-dir``) and back into ``loader()``
-  keywords. They read one table, :data:`LOADER_FLAGS`: the only place a loader flag is defined;
+  keywords. Both read the options' one definition (:mod:`fastfeed.loading.options`, the
+  ``flag=`` of each option): no flag is written here;
 - :func:`auto_int`: ``auto`` or a whole number.
 
 Example:
@@ -21,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from fastfeed.errors import ConfigError, FastfeedError
 
-__all__ = ["LOADER_FLAGS", "LoaderFlag", "add_demand", "add_json", "add_loader_flags", "add_sizes",
-           "add_verbose", "auto_int", "loader_args", "resolve_sizes"]
+__all__ = ["add_demand", "add_json", "add_loader_flags", "add_sizes", "add_verbose", "auto_int", "loader_args",
+           "resolve_sizes"]
 
 _VERBOSE_HELP = "log progress details and show tracebacks"
 
@@ -148,49 +147,22 @@ def add_demand(parser: argparse.ArgumentParser, rate_help: str) -> None:
 
 
 # ---------------------------------------------------------------- loader settings (tune, doctor)
-@dataclass(frozen=True)
-class LoaderFlag:
-    """One ``loader()`` setting as a flag (the fields of ``fastfeed._options.Spec`` that a flag needs).
+def _flag_of(name: str) -> tuple[str | None, Any, Any]:
+    """The loader option ``name`` (flat or former spelling): (its group keyword or None, its field, its spec)."""
+    from fastfeed.loading.options import find_option
 
-    Attributes:
-        flag: the flag (``--num-workers``).
-        default: its text when absent (parsed like a given one).
-        doc: its ``--help`` line.
-        parse: the flag's text -> the ``loader()`` value.
-        metavar: the placeholder in ``--help``.
-        choices: the allowed texts.
-    """
-
-    flag: str
-    default: str | None
-    doc: str
-    parse: Callable[[Any], Any]
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
-
-
-def _decode(text: str) -> str | None:
-    return None if text == "none" else text
-
-
-def _as_given(value: Any) -> Any:
-    return value
-
-
-#: loader() keyword -> its flag: the one definition of the loader flags of tune and doctor.
-LOADER_FLAGS: dict[str, LoaderFlag] = {
-    "decode": LoaderFlag("--decode", "cpu", "decode mode: cpu, dali or none (raw bytes; default cpu)", _decode,
-                         choices=("cpu", "dali", "none")),
-    "num_workers": LoaderFlag("--num-workers", "auto", "loader workers (default auto: the tuned setting, else "
-                              "loader()'s heuristic)", partial(auto_int, flag="--num-workers"), metavar="N"),
-    "prefetch_factor": LoaderFlag("--prefetch-factor", "auto", "batches in flight per worker",
-                                  partial(auto_int, flag="--prefetch-factor"), metavar="N"),
-    "cache_dir": LoaderFlag("--cache-dir", None, "local shard cache for remote data, as in loader()", _as_given),
-}
+    key, f, spec = find_option(name)
+    if spec.flag is None:
+        raise ValueError(f"loader option {name!r} has no command-line flag (fastfeed.loading.options)")
+    return key, f, spec
 
 
 def add_loader_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
-    """Add the flags of the ``loader()`` settings ``names`` (keys of :data:`LOADER_FLAGS`), in that order.
+    """Add the flags of the ``loader()`` options ``names``, in that order.
+
+    Each flag, its help line, placeholder and choices come from the option's one definition
+    (:mod:`fastfeed.loading.options`): a new option with a ``flag=`` is a new flag of every
+    command that lists it.
 
     Example:
         >>> p = argparse.ArgumentParser()
@@ -199,19 +171,35 @@ def add_loader_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> N
         'auto'
     """
     for name in names:
-        f = LOADER_FLAGS[name]
-        parser.add_argument(f.flag, dest=name, default=f.default, metavar=f.metavar,
-                            choices=None if f.choices is None else list(f.choices), help=f.doc)
+        _, f, spec = _flag_of(name)
+        default = None if f.default is None else str(f.default)
+        parser.add_argument(spec.flag, dest=name, default=default, metavar=spec.metavar,
+                            choices=None if spec.choices is None else list(spec.choices),
+                            help=f"{spec.doc} (default {'none' if default is None else default})")
 
 
 def loader_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The ``loader()`` keywords of the settings ``names``, from the parsed flags.
+    """The ``loader()`` keywords of the options ``names`` from the parsed flags; grouped options as
+    a dict of their group (``{"workers": {"prefetch_factor": 4}}``).
 
     Raises:
         ConfigError: a value its flag does not accept (``--num-workers 'x': write a number or auto``).
 
     Example:
-        >>> loader_args(argparse.Namespace(num_workers="auto", cache_dir=None), ("num_workers", "cache_dir"))
-        {'num_workers': 'auto', 'cache_dir': None}
+        >>> loader_args(argparse.Namespace(num_workers="auto", prefetch_factor="4", decode="none"),
+        ...             ("decode", "num_workers", "prefetch_factor"))
+        {'decode': None, 'num_workers': 'auto', 'workers': {'prefetch_factor': 4}}
     """
-    return {name: LOADER_FLAGS[name].parse(getattr(args, name)) for name in names}
+    out: dict[str, Any] = {}
+    for name in names:
+        key, f, spec = _flag_of(name)
+        text = getattr(args, name)
+        try:
+            value = text if text is None or spec.parse is None else spec.parse(text)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.flag} {e}") from None
+        if key is None:
+            out[name] = value
+        else:
+            out.setdefault(key, {})[f.name] = value
+    return out

@@ -21,7 +21,7 @@ from fastfeed.errors import ConfigError
 
 __all__ = ["COMMAND", "add", "run"]
 
-#: the loader settings doctor takes as flags (fastfeed.cli.args.LOADER_FLAGS)
+#: the loader options doctor takes as flags (their flags: fastfeed.loading.options)
 LOADER_SETTINGS = ("decode", "num_workers", "prefetch_factor", "cache_dir")
 
 

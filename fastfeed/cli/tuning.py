@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMAND", "add", "run"]
 
-#: the loader settings tune takes as flags (fastfeed.cli.args.LOADER_FLAGS)
+#: the loader options tune takes as flags (their flags: fastfeed.loading.options)
 LOADER_SETTINGS = ("decode",)
 
 

@@ -52,12 +52,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fastfeed._options import Spec, fill_doc, group, option, specs
 from fastfeed._util import check_on_error
-from fastfeed.decode.geometry import check_crop, normalize_image_size
 from fastfeed.dist import resolve_world
 from fastfeed.errors import ConfigError
-from fastfeed.loading.order.epoch import DEFAULT_SHUFFLE_BLOCK
-from fastfeed.loading.textopts import text_settings
-from fastfeed.packed.index import DatasetIndex
+from fastfeed.loading.order import DEFAULT_SHUFFLE_BLOCK
+
+# This module imports nothing that loads numpy or torch at import time: `fastfeed --help` builds
+# its flags from these definitions. The checks import their helpers when they run.
 
 __all__ = [
     "Crop",
@@ -208,7 +208,11 @@ class Crop:
     image_field: str | None = option(None, "the field decoded as the image (default: the first of jpg, jpeg, "
                                      "png, webp, ... the dataset has)")
 
-    def _check_together(self) -> dict[str, Any]:
+    def _check_together(self) -> dict[str, Any] | None:
+        if all(getattr(self, f.name) == f.default for f in fields(self) if f.name in ("scale", "ratio", "fraction")):
+            return None  # the defaults need no check (and are built at import, before numpy loads)
+        from fastfeed.decode.geometry import check_crop  # numpy: not at import (see the imports)
+
         scale, ratio, fraction = check_crop(self.scale, self.ratio, self.fraction,
                                             names=("Crop.scale", "Crop.ratio", "Crop.fraction"))
         return {"scale": scale, "ratio": ratio, "fraction": fraction}
@@ -552,6 +556,9 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         ...                world_size=1).dali.num_threads
         2
     """
+    from fastfeed.decode.geometry import normalize_image_size  # numpy, torch: not at import (see the imports)
+    from fastfeed.loading.textopts import text_settings
+
     _check_names(kwargs)
     legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in LEGACY}
     given = sorted(k for k in kwargs if k in LEGACY_SOURCE)
@@ -751,6 +758,8 @@ def _check_mix(sources: Sequence[Source]) -> None:
 
 
 def _is_packed(p: Any) -> bool:
+    from fastfeed.packed.index import DatasetIndex  # numpy: not at import (see the imports)
+
     if isinstance(p, DatasetIndex):
         return True
     return isinstance(p, (str, os.PathLike)) and os.path.isfile(os.path.join(os.fspath(p), "index.json"))
@@ -775,6 +784,8 @@ def check_source(sources: Sequence[Source], decode: str | None) -> None:
         >>> check_source(as_sources("/data/ff"), "dali")
         >>> check_source(as_sources(["/data/a", "/data/b"], weights=[1, 1]), "dali")
     """
+    from fastfeed.packed.index import DatasetIndex  # numpy: not at import (see the imports)
+
     one = (str, os.PathLike, DatasetIndex)
     if decode != "dali" or all(isinstance(s.path, one) for s in sources):
         return

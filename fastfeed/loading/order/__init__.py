@@ -11,3 +11,7 @@ the loader's options (the caller builds the cursor: :func:`fastfeed.loading.sour
 - :mod:`~fastfeed.loading.order.seqpack`: documents laid end to end into rows of ``seq_len`` tokens;
 - :mod:`~fastfeed.loading.order.state`, :mod:`~fastfeed.loading.order.cursor`: the resume state and the epoch cursor.
 """
+
+#: Samples mixed together within a rank's share: the default of ``Order(shuffle_block=)``,
+#: part of every order (here, without numpy, so the CLI builds its flags at once).
+DEFAULT_SHUFFLE_BLOCK = 8192

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: Samples mixed together inside a rank's span (see step 4 of the module docstring).
-DEFAULT_SHUFFLE_BLOCK = 8192
+from fastfeed.loading.order import DEFAULT_SHUFFLE_BLOCK  # noqa: E402  (defined without numpy)
 
 # Distinct streams of randomness derived from one user seed.
 _SHARD_STREAM = 0x5EED_0001
