@@ -73,7 +73,7 @@ $(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements-bench.txt fastf
 bench-env: $(BENCH_VENV)/.installed
 
 bench: $(BENCH_VENV)/.installed
-	$(BENCH_PY) benchmarks/run_all.py $(BENCH_ARGS)
+	$(BENCH_PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) demo-data bench-data build *.egg-info

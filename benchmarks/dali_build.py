@@ -29,23 +29,29 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
 
 VARIANTS = ("default", "jpeg-extensions", "no-extensions", "eager-modules", "hw-off")
 
 
-def _child(images: Path, hw: float, threads: int, batch: int) -> dict[str, Any]:
+def _child(images: Path | str, hw: float, threads: int, batch: int) -> None:
+    """One variant's figures, in the fresh process :func:`run` starts: printed as ``CHILD {json}``."""
     import numpy as np
     import torch
 
     torch.zeros(1, device="cuda:0").sum().item()
-    t0 = time.perf_counter()
-    from nvidia.dali import Pipeline, fn, types
+    with Stopwatch() as took:
+        from nvidia.dali import Pipeline, fn, types
 
-    out: dict[str, Any] = {"import": time.perf_counter() - t0}
-    files = sorted(p for p in images.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    out: dict[str, Any] = {"import": took.wall}
+    files = sorted(p for p in Path(images).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
     jpegs = [np.frombuffer(files[i % len(files)].read_bytes(), dtype=np.uint8) for i in range(batch)]
 
     def build() -> tuple[Any, float, float]:
@@ -54,34 +60,31 @@ def _child(images: Path, hw: float, threads: int, batch: int) -> dict[str, Any]:
             enc = fn.external_source(name="enc", no_copy=True, dtype=types.UINT8)
             img = fn.decoders.image_random_crop(enc, device="mixed", output_type=types.RGB, hw_decoder_load=hw)
             pipe.set_outputs(fn.resize(img, resize_x=224, resize_y=224))
-        t = time.perf_counter()
-        pipe.build()
-        b = time.perf_counter() - t
-        t = time.perf_counter()
-        pipe.feed_input("enc", jpegs)
-        pipe.run()[0].as_cpu()
-        return pipe, b, time.perf_counter() - t
+        with Stopwatch() as built:
+            pipe.build()
+        with Stopwatch() as ran:
+            pipe.feed_input("enc", jpegs)
+            pipe.run()[0].as_cpu()
+        return pipe, built.wall, ran.wall
 
     first, out["build"], out["first run"] = build()
     second, out["build beside a live one"], _ = build()
     del first, second
     _, out["build after both dropped"], _ = build()
-    return out
+    print("CHILD " + json.dumps(out))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The photos and the pipeline's setting."""
     ap.add_argument("--images", type=Path, required=True)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--hw", type=float, default=1.0)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        print("CHILD " + json.dumps(_child(args.images, args.hw, args.threads, args.batch_size)))
-        return 0
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Every variant of the grid in a fresh process; the table of their seconds."""
+    args = ctx.args
     import nvidia.nvimgcodec as nvimgcodec
 
     ext_dir = Path(nvimgcodec.__file__).resolve().parent / "extensions"
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             (tmp / "jpeg" / so.name).symlink_to(so)
     print(f"extensions in {ext_dir}: {sorted(p.name for p in ext_dir.iterdir())}")
     results: dict[str, Any] = {}
-    for name in args.variants.split(","):
+    for name in ctx.grid["variant"]:
         env, hw = dict(os.environ), args.hw
         if name == "jpeg-extensions":
             env["NVIMGCODEC_EXTENSIONS_PATH"] = str(tmp / "jpeg")
@@ -103,26 +106,33 @@ def main(argv: list[str] | None = None) -> int:
             env["CUDA_MODULE_LOADING"] = "EAGER"
         elif name == "hw-off":
             hw = 0.0
-        cmd = [sys.executable, __file__, "--child", "--images", str(args.images), "--threads", str(args.threads),
-               "--batch-size", str(args.batch_size), "--hw", str(hw)]
-        t0 = time.perf_counter()
-        got = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # a bare interpreter: nothing but torch imported before DALI's import is timed
+        code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+                "from benchmarks.dali_build import _child; _child(*json.loads(sys.argv[1]))")
+        cmd = [sys.executable, "-c", code, json.dumps([str(args.images), hw, args.threads, args.batch_size])]
+        with Stopwatch() as took:
+            got = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [ln for ln in got.stdout.splitlines() if ln.startswith("CHILD ")]
         if got.returncode or not lines:
             results[name] = {"error": got.stderr.strip().splitlines()[-3:]}
         else:
             results[name] = json.loads(lines[-1][6:])
-            results[name]["process"] = time.perf_counter() - t0
+            results[name]["process"] = took.wall
         print(name, json.dumps(results[name]))
     shutil.rmtree(tmp, ignore_errors=True)
     cols = ("import", "build", "first run", "build beside a live one", "build after both dropped", "process")
     print(f"{'variant':<18}" + "".join(f"{c:>26}" for c in cols))
     for name, r in results.items():
         print(f"{name:<18}" + ("".join(f"{r[c]:>26.3f}" for c in cols) if "error" not in r else f"  {r['error']}"))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    return 0
+    return results
 
+
+BENCHMARK = Benchmark(
+    name="dali_build", doc=__doc__, run=run, options=options, needs=("dali", "cuda"),
+    grid=(Axis("variant", VARIANTS, flag="--variants", help="environments of the build"),),
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -28,11 +28,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.dali import sync  # noqa: E402
+from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
 
 GOAL_S = 1.0
 #: the case the goal is about
@@ -40,53 +45,42 @@ WARM_CASE = "new loader + load_state_dict after close()"
 COLD_CASE, COLD_IMPORT = "cold: first loader of a fresh process", "cold: importing DALI (before it)"
 
 
-def _sync(device_id: int | None) -> Callable[[dict[str, Any]], None]:
-    if device_id is None:
-        return lambda batch: None
-    import torch
-
-    stream = torch.cuda.current_stream(device_id)
-    return lambda batch: stream.synchronize()
-
-
-def _timed(start: Callable[[], Any], sync: Callable[[dict[str, Any]], None]) -> tuple[float, Any]:
-    """Seconds from ``start()`` (which returns an iterable loader) to its first batch."""
-    t0 = time.perf_counter()
-    dl = start()
-    sync(next(iter(dl)))
-    return time.perf_counter() - t0, dl
+def _timed(start: Callable[[], Any], done: Callable[[Any], None]) -> tuple[float, Any]:
+    """Seconds from ``start()`` (which returns an iterable loader) to its first batch (``done`` with it)."""
+    with Stopwatch() as took:
+        dl = start()
+        done(next(iter(dl)))
+    return took.wall, dl
 
 
 def in_process(ds: Path, knobs: dict[str, Any], *, batch_size: int, image_size: int,
                device_id: int | None) -> dict[str, Any]:
     """The warm cases (see the module docstring) for one setting, in this process."""
-    import fastfeed
-
-    args = dict(batch_size=batch_size, image_size=image_size, decode="dali", device_id=device_id, **knobs)
-    sync = _sync(device_id)
+    args = dict(batch_size=batch_size, image_size=image_size, decode="dali", device_id=device_id, dali=knobs)
+    done = sync(device_id)
     out: dict[str, Any] = {}
-    out["first loader of this setting here"], dl = _timed(lambda: fastfeed.loader(str(ds), **args), sync)
+    out["first loader of this setting here"], dl = _timed(lambda: fastfeed_loader(ds, **args), done)
     it = iter(dl)
     for _ in range(min(3, len(dl) - 1)):
         next(it)
     state = dl.state_dict()
-    out["set_epoch (same loader)"], _ = _timed(lambda: (dl.set_epoch(dl.epoch + 1), dl)[1], sync)
-    out["load_state_dict (same loader)"], _ = _timed(lambda: (dl.load_state_dict(state), dl)[1], sync)
+    out["set_epoch (same loader)"], _ = _timed(lambda: (dl.set_epoch(dl.epoch + 1), dl)[1], done)
+    out["load_state_dict (same loader)"], _ = _timed(lambda: (dl.load_state_dict(state), dl)[1], done)
     builds = {"same loader": dl._builds}
     dl.close()
 
     def resumed() -> Any:
-        new = fastfeed.loader(str(ds), **args)
+        new = fastfeed_loader(ds, **args)
         new.load_state_dict(state)
         return new
 
-    out[WARM_CASE], dl = _timed(resumed, sync)
+    out[WARM_CASE], dl = _timed(resumed, done)
     builds["resumed"] = dl._builds
     dl.close()
-    out["eval loader, built"], ev = _timed(lambda: fastfeed.loader(str(ds), **args, augment=False), sync)
+    out["eval loader, built"], ev = _timed(lambda: fastfeed_loader(ds, **args, augment=False), done)
     del ev
     gc.collect()  # dropped unclosed: its pipelines are parked
-    out["eval loader, adopted"], ev = _timed(lambda: fastfeed.loader(str(ds), **args, augment=False), sync)
+    out["eval loader, adopted"], ev = _timed(lambda: fastfeed_loader(ds, **args, augment=False), done)
     builds["eval adopted"], builds["eval adopted: adoptions"] = ev._builds, ev._adopted
     ev.close()
     out["builds"] = builds
@@ -96,9 +90,11 @@ def in_process(ds: Path, knobs: dict[str, Any], *, batch_size: int, image_size: 
 def cold(ds: Path, knobs: dict[str, Any], *, batch_size: int, image_size: int, device_id: int | None,
          timeout: float = 180) -> dict[str, float]:
     """The cold case in a child process: {COLD_IMPORT: s, COLD_CASE: s} (empty on failure)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), str(ds), "--child", "--knobs", json.dumps(knobs),
-           "--batch-size", str(batch_size), "--image-size", str(image_size),
-           "--device-id", "none" if device_id is None else str(device_id)]
+    # a bare interpreter that imports this module and calls _child: nothing else is imported before
+    # the cold case (not the runner's checks, which import DALI, nor its environment record)
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+            "from benchmarks.dali_latency import _child; _child(*json.loads(sys.argv[1]))")
+    cmd = [sys.executable, "-c", code, json.dumps([str(ds), knobs, batch_size, image_size, device_id])]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
     except subprocess.TimeoutExpired:
@@ -110,20 +106,19 @@ def cold(ds: Path, knobs: dict[str, Any], *, batch_size: int, image_size: int, d
     return json.loads(lines[-1])
 
 
-def _child(ds: Path, knobs: dict[str, Any], batch_size: int, image_size: int, device_id: int | None) -> None:
+def _child(ds: Path | str, knobs: dict[str, Any], batch_size: int, image_size: int, device_id: int | None) -> None:
+    """The cold case, in the fresh process :func:`cold` starts: prints its two figures as JSON."""
     import torch
 
     if device_id is not None:  # as a training script has it by the time it makes its loader
         torch.zeros(1, device=f"cuda:{device_id}").sum().item()
-    import fastfeed
     from fastfeed.loading.dali.backend import import_dali
 
-    t0 = time.perf_counter()
-    import_dali()
-    t1 = time.perf_counter()
-    args = dict(batch_size=batch_size, image_size=image_size, decode="dali", device_id=device_id, **knobs)
-    took, dl = _timed(lambda: fastfeed.loader(str(ds), **args), _sync(device_id))
-    print(json.dumps({COLD_IMPORT: t1 - t0, COLD_CASE: took}))
+    with Stopwatch() as imported:
+        import_dali()
+    args = dict(batch_size=batch_size, image_size=image_size, decode="dali", device_id=device_id, dali=knobs)
+    took, dl = _timed(lambda: fastfeed_loader(ds, **args), sync(device_id))
+    print(json.dumps({COLD_IMPORT: imported.wall, COLD_CASE: took}))
     dl.close()
 
 
@@ -158,27 +153,32 @@ def report(lat: dict[str, Any]) -> None:
               f"builds {lat[n].get('builds')}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The dataset, the setting and the device."""
     ap.add_argument("dataset", type=Path)
     ap.add_argument("--knobs", default='{"num_threads": 8, "hw_decoder_load": 0.65, "prefetch_queue_depth": 2}')
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--device-id", default="0", help="a CUDA device, or 'none' (DALI on the CPU)")
-    ap.add_argument("--num-pipelines", default="1,2")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Every case at every ``num_pipelines`` of the grid."""
+    args = ctx.args
     device = None if args.device_id == "none" else int(args.device_id)
     knobs = json.loads(args.knobs)
-    if args.child:
-        _child(args.dataset, knobs, args.batch_size, args.image_size, device)
-        return 0
     lat = latency(args.dataset, {**knobs, "batch_size": args.batch_size}, image_size=args.image_size,
-                  device_id=device, num_pipelines=tuple(int(n) for n in args.num_pipelines.split(",")))
+                  device_id=device, num_pipelines=tuple(ctx.grid["num_pipelines"]))
     report(lat)
-    print("RESULT " + json.dumps(lat, sort_keys=True))
-    return 0
+    return lat
 
+
+BENCHMARK = Benchmark(
+    name="dali_latency", doc=__doc__, run=run, options=options, needs=("dali",),
+    grid=(Axis("num_pipelines", (1, 2), flag="--num-pipelines", parse=int, help="pipelines behind the loader"),),
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

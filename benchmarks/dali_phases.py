@@ -27,13 +27,17 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.loaders import fastfeed_loader, fastfeed_options  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Benchmark, Context  # noqa: E402
 
 
 def _jpegs(folder: Path, n: int) -> list[np.ndarray]:
@@ -47,7 +51,8 @@ def bare(d: Any, jpegs: list[np.ndarray], *, stage: str, batch: int, threads: in
          hw: float, size: int) -> dict[str, float]:
     """Build one bare pipeline up to ``stage`` and run it once: seconds per phase."""
     fn, types = d.fn, d.types
-    t0 = time.perf_counter()
+    clock = Stopwatch.start()
+    t0 = clock.elapsed()
     pipe = d.Pipeline(batch_size=batch, num_threads=threads, device_id=0, seed=1, prefetch_queue_depth=depth)
     with pipe:
         enc = fn.external_source(name="enc", no_copy=True, dtype=types.UINT8)
@@ -60,57 +65,58 @@ def bare(d: Any, jpegs: list[np.ndarray], *, stage: str, batch: int, threads: in
             out = fn.crop_mirror_normalize(out, dtype=types.UINT8, output_layout="CHW",
                                            mirror=fn.random.coin_flip(probability=0.5))
         pipe.set_outputs(out)
-    t1 = time.perf_counter()
+    t1 = clock.elapsed()
     pipe.build()
-    t2 = time.perf_counter()
+    t2 = clock.elapsed()
     for k in range(depth):
         pipe.feed_input("enc", jpegs[k * batch:(k + 1) * batch])
     outs = pipe.run()
     outs[0].as_cpu()  # the batch on the host: its GPU work is finished
-    t3 = time.perf_counter()
+    t3 = clock.elapsed()
     pipe.feed_input("enc", jpegs[:batch])
     pipe.run()[0].as_cpu()
-    t4 = time.perf_counter()
+    t4 = clock.elapsed()
     del pipe, outs
     return {"define": t1 - t0, "build": t2 - t1, "first run": t3 - t2, "next run": t4 - t3, "total": t3 - t0}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The dataset, the photos of the bare pipelines, the setting."""
     ap.add_argument("dataset", type=Path, help="a fastfeed-packed image dataset")
     ap.add_argument("--images", type=Path, required=True, help="a folder of JPEGs for the bare pipelines")
     ap.add_argument("--knobs", default='{"num_threads": 8, "hw_decoder_load": 0.9, "prefetch_queue_depth": 3}')
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """The phases of the first batch, then the bare pipelines (see the module docstring)."""
+    args = ctx.args
     knobs = json.loads(args.knobs)
     import torch
 
     torch.zeros(1, device="cuda:0").sum().item()  # CUDA up, as in a training script
-    import fastfeed
     from fastfeed.loading.dali.backend import import_dali
 
     out: dict[str, Any] = {"knobs": knobs}
-    t0 = time.perf_counter()
-    d = import_dali()
-    out["import DALI"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dl = fastfeed.loader(str(args.dataset), batch_size=args.batch_size, image_size=args.image_size,
-                         decode="dali", device_id=0, num_pipelines=1, **knobs)
-    out["loader() returns"] = time.perf_counter() - t0
+    with Stopwatch() as took:
+        d = import_dali()
+    out["import DALI"] = took.wall
+    with Stopwatch() as took:
+        dl = fastfeed_loader(args.dataset, batch_size=args.batch_size, image_size=args.image_size,
+                             decode="dali", device_id=0, dali={"num_pipelines": 1, **knobs})
+    out["loader() returns"] = took.wall
     prof = cProfile.Profile()
     stream = torch.cuda.current_stream(0)
-    t0 = time.perf_counter()
-    prof.enable()
-    next(iter(dl))
-    stream.synchronize()
-    prof.disable()
-    out["first next() (build + first batch)"] = time.perf_counter() - t0
+    with Stopwatch() as took:
+        prof.enable()
+        next(iter(dl))
+        stream.synchronize()
+        prof.disable()
+    out["first next() (build + first batch)"] = took.wall
     dl.close()
     from fastfeed.loading.dali.graph import probe_pipeline
     from fastfeed.loading.dali.reuse import release_parked
-    from fastfeed.loading.options import LoaderOptions
 
     release_parked()  # the loader's warm pipeline (keep_warm) too: the bare rows build alone
     text = io.StringIO()
@@ -125,12 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         name = f"{stage}, hw_decoder_load {h:g}, depth {depth}"
         rows[name if name not in rows else name + " (again)"] = bare(
             d, jpegs, stage=stage, batch=args.batch_size, threads=threads, depth=depth, hw=h, size=args.image_size)
-    t0 = time.perf_counter()
-    keeper = probe_pipeline(d, LoaderOptions(batch_size=1, decode="dali", image_size=(args.image_size,) * 2,
-                                             device_id=0, hw_decoder_load=hw))
-    rows["one-image pipeline (the keeper) alone"] = {"define": 0.0, "build": time.perf_counter() - t0,
-                                                     "first run": 0.0, "next run": 0.0,
-                                                     "total": time.perf_counter() - t0}
+    with Stopwatch() as took:
+        keeper = probe_pipeline(d, fastfeed_options(batch_size=1, decode="dali", image_size=args.image_size,
+                                                    device_id=0, dali={"hw_decoder_load": hw}))
+    rows["one-image pipeline (the keeper) alone"] = {"define": 0.0, "build": took.wall, "first run": 0.0,
+                                                     "next run": 0.0, "total": took.wall}
     for depth in (1, int(knobs.get("prefetch_queue_depth", 2))):
         rows[f"full, depth {depth}, beside the keeper"] = bare(
             d, jpegs, stage="full", batch=args.batch_size, threads=threads, depth=depth, hw=hw, size=args.image_size)
@@ -142,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in rows.items():
         print(f"{name:<44} {r['define']:6.3f} {r['build']:7.3f} {r['first run']:8.3f} {r['next run']:9.3f} "
               f"{r['total']:6.3f}")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    return 0
+    return out
 
+
+BENCHMARK = Benchmark(name="dali_phases", doc=__doc__, run=run, options=options, needs=("dali", "cuda"))
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -35,9 +35,10 @@ ff-tokens again with torch's own choice: the same batches, only the backend diff
 The step runs without host synchronisation (lengths go to the GPU through pinned memory,
 non-blocking), so the CPU queues work ahead and the GPU timeline is the step. The gradient
 all-reduce is done by hand after backward (DDP semantics without compute/communication
-overlap) so the wait is measurable. Per step and rank, CUDA events (perf_counter on CPU)
-mark: start, compute done (forward + backward), a 1-element all_reduce done (a barrier: it
-completes when the slowest rank arrives), gradient all-reduce + optimizer done.
+overlap) so the wait is measurable. Per step and rank, CUDA events (on CPU, the run's
+:class:`benchmarks.lib.measure.Stopwatch`) mark: start, compute done (forward + backward), a
+1-element all_reduce done (a barrier: it completes when the slowest rank arrives), gradient
+all-reduce + optimizer done.
 
 - wait share  = time blocked in that barrier / cycle time (start of a step to the start of
   the next, so host gaps count too): what the slowest rank costs this one.
@@ -68,8 +69,8 @@ import logging
 import math
 import os
 import sys
-import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink SHARP multicast off (see the device notes)
@@ -80,8 +81,14 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import fastfeed  # noqa: E402
 from fastfeed.sampling.costmodel import CostModel  # noqa: E402
+
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
 
 #: varlen attention: "flash" (varlen_attn), "nested" (jagged nested tensors) or "groups" (per-length SDPA)
 VARLEN: dict[str, Any] = {"impl": "nested", "groups": None}
@@ -179,13 +186,14 @@ class Trainer:
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(1234 + dist.get_rank())
         self.barrier_token = torch.zeros(1, device=device)
+        self.clock = Stopwatch.start()  # the host's timeline (and the steps' on CPU)
 
     def _now(self) -> Any:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
+        return self.clock.elapsed()
 
     def _to_device(self, a: np.ndarray, dtype: Any = np.int64) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
@@ -212,12 +220,12 @@ class Trainer:
     def step(self, lengths: np.ndarray, varlen: bool, record: bool = True) -> None:
         lengths = np.asarray(lengths, dtype=np.int64)
         n, L, real = len(lengths), int(lengths.max()), int(lengths.sum())
-        h0 = time.perf_counter()
+        h0 = self.clock.elapsed()
         t0 = self._now()
         for part in micro_batches(lengths, varlen, self.args.max_micro_tokens):
             self._loss(lengths[part], L, varlen, real).backward()  # every chunk padded to the batch's L
         t1 = self._now()
-        host = time.perf_counter() - h0  # the CPU's time to queue forward + backward
+        host = self.clock.elapsed() - h0  # the CPU's time to queue forward + backward
         dist.all_reduce(self.barrier_token)  # returns when the slowest rank has arrived
         t2 = self._now()
         grads = [p.grad for p in self.params]
@@ -346,10 +354,10 @@ def sdpa_setup_probe(args: argparse.Namespace, device: torch.device) -> dict[str
                         run = make(n, L)
                         for times in (first, again):
                             torch.cuda.synchronize()
-                            t = time.perf_counter()
-                            run()
-                            torch.cuda.synchronize()
-                            times.append(time.perf_counter() - t)
+                            with Stopwatch() as took:
+                                run()
+                                torch.cuda.synchronize()
+                            times.append(took.wall)
             except (RuntimeError, NotImplementedError) as e:
                 out[f"{name}-{layout}"] = {"error": str(e).splitlines()[0][:160]}
                 continue
@@ -406,8 +414,7 @@ def build_sampler(name: str, lengths: np.ndarray, args: argparse.Namespace, trai
                               target, max(longest, args.budget / 4), args.budget * 16)
         return s, {"max_cost": s.max_cost}, None
     varlen = name.endswith("varlen")
-    t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
+    with Stopwatch() as calibration, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = fastfeed.calibrate(lambda lens: trainer.step(lens, varlen, record=False), lengths,
                                    max_tokens=2 * args.budget, features="varlen" if varlen else "padded",
@@ -416,7 +423,7 @@ def build_sampler(name: str, lengths: np.ndarray, args: argparse.Namespace, trai
     if rank == 0:
         for w in caught:
             print(f"  {name}: {w.category.__name__}: {w.message}", flush=True)
-    info.update(calibration_s=time.perf_counter() - t0, fit_median_ape=model.fit.median_ape,
+    info.update(calibration_s=calibration.wall, fit_median_ape=model.fit.median_ape,
                 fit_worst_ape=model.fit.worst_ape, fit_loo_median_ape=model.fit.loo_median_ape,
                 fit_r2=model.fit.r2, fit_outliers=len(model.fit.outliers),
                 calib_shapes=model.meta.get("shapes"),
@@ -468,7 +475,7 @@ def _run_config(name: str, lengths: np.ndarray, args: argparse.Namespace, traine
     steps = min(args.steps, args.control_steps) if short else args.steps
     trainer.records = []
     done, epoch = 0, 0
-    start = time.perf_counter()
+    clock = Stopwatch.start()
     mem0: dict[str, float] = {}
     while done < args.warmup + steps:
         sampler.set_epoch(epoch)
@@ -480,7 +487,7 @@ def _run_config(name: str, lengths: np.ndarray, args: argparse.Namespace, traine
                     mem0 = _memory_counters()
                 _barrier(trainer)
                 trainer.records = []
-                start = time.perf_counter()
+                clock = Stopwatch.start()
             trainer.step(lengths[np.asarray(batch)], varlen)
             done += 1
             if done == args.warmup + steps:
@@ -489,7 +496,7 @@ def _run_config(name: str, lengths: np.ndarray, args: argparse.Namespace, traine
     if trainer.cuda:
         torch.cuda.synchronize()
     _barrier(trainer)
-    wall = time.perf_counter() - start
+    wall = clock.elapsed()
     mine = trainer.timings()
     if trainer.cuda:
         mem1 = _memory_counters()
@@ -535,8 +542,8 @@ def _pct(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1%}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The model, the steps, the attention backends, the calibration (the configurations: the grid)."""
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="2 layers, width 64: a quick end-to-end check")
     ap.add_argument("--steps", type=int, default=200)
@@ -545,8 +552,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="measured steps of the equal-work control and of @default runs")
     ap.add_argument("--budget", type=int, default=16384, help="padded tokens per batch of ff-tokens")
     ap.add_argument("--samples", type=int, default=200_000)
-    ap.add_argument("--configs", default=",".join(CONTROL + PADDED + VARLEN_CONFIGS + ["ff-tokens@default"]),
-                    help="comma-separated; NAME@default: NAME with torch's default SDPA backend (an A/B of --sdpa)")
     ap.add_argument("--setup-probe", action="store_true",
                     help="time SDPA's first vs cached call on new shapes per backend (padded layout)")
     ap.add_argument("--sdpa", default="flash", choices=["flash", "default"],
@@ -560,8 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-fraction", type=float, default=0.25,
                     help="smallest calibration batch, as a share of its largest (2 x --budget)")
     ap.add_argument("--calib-budget", type=float, default=30.0, help="seconds per calibration")
-    ap.add_argument("--json", default=None, help="also write the results here (rank 0)")
-    args = ap.parse_args(argv)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Every configuration of the grid on this rank; rank 0's table and figures (other ranks: {})."""
+    args = ctx.args
     args.vocab, args.width, args.layers, args.heads = (1000, 64, 2, 4) if args.tiny else (32000, 1024, 12, 16)
     if args.tiny:
         args.samples, args.budget = min(args.samples, 20_000), min(args.budget, 2048)
@@ -587,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     target = float(s1.sum() / n.size)  # mean real tokens per batch of ff-tokens at --budget
     B0 = max(1, round(target / float(lengths.mean())))
     trainer = Trainer(args, device)
-    configs = args.configs.split(",")
+    configs = list(ctx.grid["config"])
     if any(c.partition("@")[0].endswith("varlen") for c in configs):
         probe_varlen(trainer, args.varlen_impl)
     rows = []
@@ -628,16 +636,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['config']:<18}{' '.join(_pct(w) for w in r['wait_share_per_rank'])} | host queue ms {host} | "
                   f"{r.get('peak_gib', float('nan')):.1f} | {r.get('alloc_retries', '-')} | "
                   f"{r['sdpa_padded_backend']}{speed}{extra}", flush=True)
+    out: dict[str, Any] = {}
+    if rank == 0:
         out = {"ddp_tokens": {"device": torch.cuda.get_device_name() if cuda else "cpu",
-                              "varlen_attention": VARLEN["impl"], "env": env,
-                              "world_size": W, "args": vars(args), "rows": rows}}
-        print(json.dumps(out))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+                              "varlen_attention": VARLEN["impl"], "env": env, "world_size": W,
+                              "args": {k: v for k, v in vars(args).items() if k != "point"}, "rows": rows}}
     dist.destroy_process_group()
-    return 0
+    return out
 
+
+#: every configuration (and NAME@default: NAME with torch's default SDPA backend, an A/B of --sdpa)
+CONFIGS = (*CONTROL, *PADDED, *VARLEN_CONFIGS)
+BENCHMARK = Benchmark(
+    name="ddp_tokens", doc=__doc__, options=options, run=run,
+    launcher="torchrun --nproc-per-node N benchmarks/ddp_tokens.py",
+    grid=(Axis("config", (*CONFIGS, "ff-tokens@default"), choices=(*CONFIGS, *(f"{c}@default" for c in CONFIGS)),
+               flag="--configs", help="the configurations (see the table above)"),),
+    quick={"tiny": True, "device": "cpu", "steps": 20, "warmup": 3, "control_steps": 10, "calib_budget": 5.0},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -42,22 +42,27 @@ Run::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fastfeed  # noqa: E402
 from fastfeed.decode.geometry import FLIP, NUM_UNIFORMS, random_resized_crop, uniforms  # noqa: E402
-from tools.synth import make_image_folder  # noqa: E402
+
+from benchmarks.lib.data import BENCH_DATA, replicated_sample, synth_image_folder  # noqa: E402
+from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
+
+PIPELINES = ("fastfeed-turbo", "fastfeed-turbo-rst", "fastfeed-turbo-rst-pycut", "fastfeed-turbo-full",
+             "fastfeed-pillow", "ffcv-ops", "ffcv-ops-linear")
+#: the pipelines that need fastfeed._jpegroi (restart-marker shards are packed with it)
+NEEDS_ROI = ("fastfeed-turbo-rst", "fastfeed-turbo-rst-pycut")
 
 
 def ffcv_ops(datas: list[bytes], batch: int, size: int, interp: str) -> Callable[[], int]:
@@ -84,7 +89,7 @@ def ffcv_ops(datas: list[bytes], batch: int, size: int, interp: str) -> Callable
 
 def fastfeed_pass(root: Path, batch: int, size: int, backend: str, ext: bool = True,
                   cut: bool = True) -> Callable[[], int]:
-    dl = fastfeed.loader(root, batch_size=batch, image_size=size, num_workers=0, decode_backend=backend,
+    dl = fastfeed_loader(root, batch_size=batch, image_size=size, workers=0, decode_backend=backend,
                          pin_memory=False)
     if not ext:  # num_workers=0: this process's decoder; as without _jpegroi (cut: Python restart cut)
         images = dl.dataset.decoder.images
@@ -97,98 +102,104 @@ def fastfeed_pass(root: Path, batch: int, size: int, backend: str, ext: bool = T
     return run
 
 
-def timed(runs: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[float, float]]:
-    """Median (CPU, wall) img/s of each pipeline; passes interleave, so drifting load hits all."""
-    for run in runs.values():
-        run()  # warm: page cache, imports, lazy loads
-    cpu: dict[str, list[float]] = {k: [] for k in runs}
-    wall: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeat):
-        for name, run in runs.items():
-            c0, w0 = time.process_time(), time.perf_counter()
-            n = run()
-            cpu[name].append(n / (time.process_time() - c0))
-            wall[name].append(n / (time.perf_counter() - w0))
-    return {k: (statistics.median(cpu[k]), statistics.median(wall[k])) for k in runs}
-
-
-def real_folder(dst: Path, num_images: int) -> Path:
-    """``shared/data/imagenet-sample``'s photos replicated to ``num_images`` files (ImageFolder)."""
-    sample = ROOT.parent / "shared" / "data" / "imagenet-sample"
-    photos = sorted(sample.rglob("*.jpg")) + sorted(sample.rglob("*.JPEG"))
-    if not photos:
-        raise SystemExit(f"{sample}: no photos (the real sample data is optional); use --source synth")
-    for i in range(num_images):
-        p = photos[i % len(photos)]
-        out = dst / p.parent.name / f"{i:06d}.jpg"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(p.read_bytes())
-    return dst
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The images, the batch shape, where the packs go."""
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="128 images, 2 passes")
     ap.add_argument("--source", choices=("synth", "real"), default="synth",
                     help="synth: generated 500x375 q90 JPEGs; real: shared/data/imagenet-sample replicated")
-    ap.add_argument("--data", type=Path, default=None, help="reuse this folder for the generated data")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.images, args.repeat = min(args.images, 128), min(args.repeat, 2)
-    tmp = tempfile.TemporaryDirectory()
-    base = args.data or Path(tmp.name)
-    src, packed = base / f"{args.source}-{args.images}", base / f"packed-{args.source}-{args.images}"
-    if not (packed / "index.json").exists():
-        if args.source == "synth":
-            make_image_folder(src, num_images=args.images, num_classes=10, size=(500, 375), quality=90)
-        else:
-            real_folder(src, args.images)
-        fastfeed.pack(src, packed, samples_per_shard=256, overwrite=True, jpeg_restarts=False)
+    ap.add_argument("--data", type=Path, default=BENCH_DATA / "decode_per_core", help="where the packs go")
+
+
+def prepare(ctx: Context) -> dict[str, Any]:
+    """The JPEGs, their plain and restart-marker packs, every pipeline built and run once (warm:
+    page cache, imports, lazy loads)."""
+    import fastfeed
     from fastfeed.decode import roi
 
+    args = ctx.args
+    if args.source == "synth":
+        src = synth_image_folder(args.images, num_classes=10, vary_size=False)
+    else:
+        src = replicated_sample(args.images)
+    packed = args.data / f"packed-{src.name}"
     rst = packed.with_name(packed.name + "-rst")
+    if not (packed / "index.json").exists():
+        fastfeed.pack(src, packed, samples_per_shard=256, overwrite=True, jpeg_restarts=False)
     if roi.built() and not (rst / "index.json").exists():
         fastfeed.pack(src, rst, samples_per_shard=256, overwrite=True)  # the default: restart markers
     datas = [p.read_bytes() for p in sorted(src.rglob("*.jpg"))]
     what = "500x375 q90" if args.source == "synth" else "real photos (imagenet-sample)"
     print(f"{len(datas)} JPEGs ({what}), mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB -> "
           f"RandomResizedCrop {args.size} + flip, batch {args.batch}, 1 process")
-    runs = {
-        "fastfeed-turbo": fastfeed_pass(packed, args.batch, args.size, "turbo"),
-        **({"fastfeed-turbo-rst": fastfeed_pass(rst, args.batch, args.size, "turbo"),
-            "fastfeed-turbo-rst-pycut": fastfeed_pass(rst, args.batch, args.size, "turbo", ext=False)}
-           if roi.built() else {}),
-        "fastfeed-turbo-full": fastfeed_pass(packed, args.batch, args.size, "turbo", ext=False, cut=False),
-        "fastfeed-pillow": fastfeed_pass(rst if roi.built() else packed, args.batch, args.size, "pillow"),
-        "ffcv-ops": ffcv_ops(datas, args.batch, args.size, "area"),
-        "ffcv-ops-linear": ffcv_ops(datas, args.batch, args.size, "linear"),
+    makers: dict[str, Callable[[], Callable[[], int]]] = {
+        "fastfeed-turbo": lambda: fastfeed_pass(packed, args.batch, args.size, "turbo"),
+        "fastfeed-turbo-rst": lambda: fastfeed_pass(rst, args.batch, args.size, "turbo"),
+        "fastfeed-turbo-rst-pycut": lambda: fastfeed_pass(rst, args.batch, args.size, "turbo", ext=False),
+        "fastfeed-turbo-full": lambda: fastfeed_pass(packed, args.batch, args.size, "turbo", ext=False, cut=False),
+        "fastfeed-pillow": lambda: fastfeed_pass(rst if roi.built() else packed, args.batch, args.size, "pillow"),
+        "ffcv-ops": lambda: ffcv_ops(datas, args.batch, args.size, "area"),
+        "ffcv-ops-linear": lambda: ffcv_ops(datas, args.batch, args.size, "linear"),
     }
-    rates = timed(runs, args.repeat)
-    ref = rates["ffcv-ops"][0]
+    runs = {k: makers[k]() for k in ctx.grid["pipeline"] if k not in NEEDS_ROI or roi.built()}
+    for run in runs.values():
+        run()  # warm: page cache, imports, lazy loads
+    return {"runs": runs, "images": len(datas)}
+
+
+def skip(point: Point, ctx: Context) -> str | None:
+    """The restart-marker pipelines without ``fastfeed._jpegroi``."""
+    if point["pipeline"] not in ctx.data["runs"]:
+        return f"{point['pipeline']}: fastfeed._jpegroi is not built (restart-marker shards need it)"
+    return None
+
+
+def run_point(point: Point, ctx: Context) -> dict[str, float]:
+    """One pass of one pipeline: images per CPU-second and per second."""
+    with Stopwatch() as took:
+        n = ctx.data["runs"][point["pipeline"]]()
+    return {"cpu": n / took.cpu, "wall": n / took.wall}
+
+
+def report(rows: list[tuple[Point, dict[str, float]]], ctx: Context) -> dict[str, Any]:
+    """Median images per CPU-second of the passes; each against FFCV's operations; the fallbacks."""
+    from fastfeed.decode import roi
+
+    passes: dict[str, list[dict[str, float]]] = {}
+    for pt, r in rows:
+        passes.setdefault(pt["pipeline"], []).append(r)
+    rates = {k: (statistics.median(x["cpu"] for x in v), statistics.median(x["wall"] for x in v))
+             for k, v in passes.items()}
+    ref = rates["ffcv-ops"][0] if "ffcv-ops" in rates else float("nan")
     print(f"{'pipeline':<20}{'img/s per CPU-s':>16}{'ms CPU/img':>11}{'img/s wall':>12}{'vs ffcv-ops':>13}")
     for name, (cpu, wall) in rates.items():
         print(f"{name:<20}{cpu:>16.0f}{1e3 / cpu:>11.2f}{wall:>12.0f}{cpu / ref:>12.2f}x")
-    print(f"region decoding (fastfeed._jpegroi): {'built' if roi.available() else 'NOT built'}; "
-          f"fastfeed-turbo / fastfeed-turbo-full: {rates['fastfeed-turbo'][0] / rates['fastfeed-turbo-full'][0]:.2f}x")
+    turbo = rates.get("fastfeed-turbo", (float("nan"),))[0]
+    if "fastfeed-turbo-full" in rates:
+        print(f"region decoding (fastfeed._jpegroi): {'built' if roi.available() else 'NOT built'}; "
+              f"fastfeed-turbo / fastfeed-turbo-full: {turbo / rates['fastfeed-turbo-full'][0]:.2f}x")
     if "fastfeed-turbo-rst" in rates:
         default = rates["fastfeed-turbo-rst"][0]
-        print(f"restart markers (pack's default): fastfeed-turbo-rst / fastfeed-turbo: "
-              f"{default / rates['fastfeed-turbo'][0]:.2f}x")
+        print(f"restart markers (pack's default): fastfeed-turbo-rst / fastfeed-turbo: {default / turbo:.2f}x")
         print("CPU per image of each fallback vs the default path (fastfeed-turbo-rst): " + ", ".join(
             f"{k} {default / rates[k][0]:.2f}x" for k in
-            ("fastfeed-turbo-rst-pycut", "fastfeed-turbo", "fastfeed-turbo-full", "fastfeed-pillow")))
-    ratio = rates["fastfeed-turbo"][0] / ref
+            ("fastfeed-turbo-rst-pycut", "fastfeed-turbo", "fastfeed-turbo-full", "fastfeed-pillow") if k in rates))
+    ratio = turbo / ref
     print(f"goal: fastfeed-turbo >= 1.0x ffcv-ops per core: {ratio:.2f}x -> {'pass' if ratio >= 1.0 else 'FAIL'}")
-    print("RESULT " + json.dumps({
-        "source": args.source, "images": len(datas), "img_per_cpu_s": {k: round(v[0], 1) for k, v in rates.items()},
-        "ratio_vs_ffcv_ops": round(ratio, 3), "goal": 1.0, "pass": ratio >= 1.0,
-    }))
-    return 0
+    return {"source": ctx.args.source, "images": ctx.data["images"],
+            "img_per_cpu_s": {k: round(v[0], 1) for k, v in rates.items()},
+            "ratio_vs_ffcv_ops": round(ratio, 3), "goal": 1.0, "pass": bool(ratio >= 1.0)}
 
+
+BENCHMARK = Benchmark(
+    name="decode_per_core", doc=__doc__, options=options, prepare=prepare, skip=skip, run_point=run_point,
+    report=report, needs=("cv2", "simplejpeg"), repeat=3,
+    grid=(REPEAT, Axis("pipeline", PIPELINES, help="the pipelines compared (see the table above)")),
+    quick={"images": 128, "repeat": 2},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

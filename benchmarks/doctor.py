@@ -29,75 +29,85 @@ Run (GPU machine, 16 cores; after ``source benchmarks/gpu_setup.sh`` so DALI imp
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import environment, log, pack_once, synth_image_folder  # noqa: E402
 from fastfeed._util import parse_duration  # noqa: E402
 from fastfeed.diagnosis.api import doctor  # noqa: E402
-from fastfeed.tuning.api import measure_loader  # noqa: E402
 from fastfeed.knobs.space import Setting  # noqa: E402
+from fastfeed.tuning.api import measure_loader  # noqa: E402
+
+from benchmarks.lib.data import pack_once, synth_image_folder  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.report import log  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Benchmark, Context, Point  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The data, the batch shape, the simulated step, the doctor's budget."""
     ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--samples-per-shard", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--step-time", type=float, default=0.25, help="simulated training step, seconds per batch")
     ap.add_argument("--time-budget", default="30s")
-    ap.add_argument("--repeat", type=int, default=3, help="doctor runs, each followed by a benchmark run")
-    ap.add_argument("--json", default=None, help="write the results here too")
-    args = ap.parse_args(argv)
 
-    env = environment()
-    src = synth_image_folder(args.images)
-    packed = pack_once(src, samples_per_shard=args.samples_per_shard)
+
+def prepare(ctx: Context) -> dict[str, Any]:
+    """The generated JPEGs and their pack."""
+    src = synth_image_folder(ctx.args.images)
+    return {"src": src, "packed": pack_once(src, samples_per_shard=ctx.args.samples_per_shard), "report": None}
+
+
+def run_point(point: Point, ctx: Context) -> dict[str, Any]:
+    """One doctor run, then the same loader setting measured as tune measures it, as long."""
+    args, packed = ctx.args, ctx.data["packed"]
+    log(f"doctor run {point['round'] + 1} on {packed} ({args.images} images)")
+    with Stopwatch() as took:
+        r = doctor(packed, source=ctx.data["src"], batch_size=args.batch_size, image_size=args.image_size,
+                   step_time=args.step_time, time_budget=parse_duration(args.time_budget))
+    ctx.data["report"] = ctx.data["report"] or r
+    loader = r.stage("loader")
+    s = r.settings
+    setting = Setting(s["num_workers"], s["prefetch_factor"])
+    # exactly what the doctor ran: the same function, setting and seconds
+    m = measure_loader(packed, setting, batch_size=args.batch_size, image_size=args.image_size,
+                       seconds=loader.figures["seconds"])
+    log(f"doctor {loader.samples_per_s:,.0f}, benchmark {m.samples_per_s:,.0f} samples/s")
+    return {"doctor": loader.samples_per_s, "bench": m.samples_per_s, "took": took.wall, "setting": setting.label}
+
+
+def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    """The doctor's report, the ratio of the medians, its wall time against its budget."""
+    args, rep = ctx.args, ctx.data["report"]
+    doctors, bench, took = ([r[k] for _, r in rows] for k in ("doctor", "bench", "took"))
     budget = parse_duration(args.time_budget)
-    doctors: list[float] = []
-    bench: list[float] = []
-    took: list[float] = []
-    report = None
-    for k in range(args.repeat):  # interleaved, so both see the same load on the machine
-        log(f"doctor run {k + 1} on {packed} ({args.images} images)")
-        t0 = time.perf_counter()
-        r = doctor(packed, source=src, batch_size=args.batch_size, image_size=args.image_size,
-                   step_time=args.step_time, time_budget=budget)
-        took.append(time.perf_counter() - t0)
-        report = report or r
-        loader = r.stage("loader")
-        doctors.append(loader.samples_per_s)
-        s = r.settings
-        setting = Setting(s["num_workers"], s["prefetch_factor"])
-        # exactly what the doctor ran: the same function, setting and seconds
-        m = measure_loader(packed, setting, batch_size=args.batch_size, image_size=args.image_size,
-                           seconds=loader.figures["seconds"])
-        bench.append(m.samples_per_s)
-        log(f"doctor {loader.samples_per_s:,.0f}, benchmark {m.samples_per_s:,.0f} samples/s")
-    print(report.text())
+    print(rep.text())
     ratio = statistics.median(doctors) / statistics.median(bench)
     slowest = max(took)
-    print(f"\n== doctor vs benchmark, loader at {setting.label}, {args.repeat} interleaved runs each")
+    print(f"\n== doctor vs benchmark, loader at {rows[-1][1]['setting']}, {len(rows)} interleaved runs each")
     print(f"doctor {', '.join(f'{x:,.0f}' for x in doctors)}; benchmark (measure_loader) "
           f"{', '.join(f'{x:,.0f}' for x in bench)} samples/s")
     print(f"median ratio {ratio:.2f} [0.85-1.15: {'met' if 0.85 <= ratio <= 1.15 else 'MISSED'}]")
     print(f"doctor wall time {', '.join(f'{t:.0f}' for t in took)} s for a {budget:.0f} s budget "
           f"[<= {1.5 * budget + 15:.0f} s: {'met' if slowest <= 1.5 * budget + 15 else 'MISSED'}]")
-    out = {"env": env, "images": args.images, "batch_size": args.batch_size, "image_size": args.image_size,
-           "doctor_loader": doctors, "benchmark_loader": bench, "ratio": ratio, "doctor_seconds": took,
-           "budget_seconds": budget, "report": report.to_json()}
-    print("RESULT " + json.dumps({k: v for k, v in out.items() if k != "report"}, sort_keys=True))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0
+    return {"env": ctx.env, "images": args.images, "batch_size": args.batch_size, "image_size": args.image_size,
+            "doctor_loader": doctors, "benchmark_loader": bench, "ratio": ratio, "doctor_seconds": took,
+            "budget_seconds": budget, "report": rep.to_json()}
 
+
+BENCHMARK = Benchmark(
+    name="doctor", doc=__doc__, options=options, prepare=prepare, run_point=run_point, report=report,
+    grid=(REPEAT,), repeat=3,
+    quick={"time_budget": "10s", "repeat": 1},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

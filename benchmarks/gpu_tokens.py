@@ -38,7 +38,9 @@ CPU smoke test (tiny model, proves it runs; not a result)::
         --vocab 1024 --docs 2000 --max-len 256 --seq-len 256 --rows 4 --tokens 40000 --workers 1
 
 Prints one table (real tokens/s, padded tokens/s, padding efficiency, step ms, loader wait,
-speed-up vs padded) and one JSON line (``RESULT {...}``).
+speed-up vs padded) and one JSON line (``RESULT {...}``). A training step is timed as training sees
+it (fixed warm-up steps, then steps until ``--tokens`` real tokens, the device synchronised at both
+ends; :class:`benchmarks.lib.measure.Stopwatch`), not by :mod:`fastfeed.timing`'s steady windows.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -57,11 +58,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fastfeed  # noqa: E402
+
+from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
 
 ATTN: dict[str, str] = {"impl": "dense"}
 IMPLS = ("flash", "nested", "flex", "dense")
@@ -236,20 +240,20 @@ def build_data(args: argparse.Namespace) -> Path:
     rng = np.random.default_rng(0)
     lens = np.clip(rng.lognormal(args.mu, args.sigma, args.docs), 8, args.max_len).astype(np.int64)
     dtype = np.uint16 if args.vocab <= 65536 else np.uint32
-    t0 = time.perf_counter()
-    for i, n in enumerate(lens.tolist()):
-        np.save(src / f"d{i:07d}.tokens.npy", rng.integers(1, args.vocab, n, dtype=dtype))
-        (src / f"d{i:07d}.len").write_text(str(n))
-    fastfeed.pack(src, dst, length="len", workers=min(16, os.cpu_count() or 1))
+    with Stopwatch() as took:
+        for i, n in enumerate(lens.tolist()):
+            np.save(src / f"d{i:07d}.tokens.npy", rng.integers(1, args.vocab, n, dtype=dtype))
+            (src / f"d{i:07d}.len").write_text(str(n))
+        fastfeed.pack(src, dst, length="len", workers=min(16, os.cpu_count() or 1))
     shutil.rmtree(src)
     stamp.write_text(json.dumps(recipe))
     print(f"[gpu_tokens] built {args.docs} documents ({int(lens.sum()):,} tokens) in "
-          f"{time.perf_counter() - t0:.0f} s: {dst}", file=sys.stderr, flush=True)
+          f"{took.wall:.0f} s: {dst}", file=sys.stderr, flush=True)
     return dst
 
 
-def run_config(name: str, batches: Callable[[], Iterator[dict[str, Any]]], fn: Callable[[dict[str, Any]], tuple[int, int]],
-               step: Step, args: argparse.Namespace) -> dict[str, Any]:
+def run_config(name: str, batches: Callable[[], Iterator[dict[str, Any]]],
+               fn: Callable[[dict[str, Any]], tuple[int, int]], step: Step, args: argparse.Namespace) -> dict[str, Any]:
     """Warm-up steps, then steps until ``args.tokens`` real tokens: wall-clock rates (device synced)."""
     sync = torch.cuda.synchronize if step.cuda else (lambda: None)
     it = batches()
@@ -258,19 +262,19 @@ def run_config(name: str, batches: Callable[[], Iterator[dict[str, Any]]], fn: C
     sync()
     real = computed = steps = 0
     wait = 0.0
-    t0 = time.perf_counter()
+    clock = Stopwatch.start()
     while real < args.tokens:
-        w0 = time.perf_counter()
-        try:
-            b = next(it)
-        except StopIteration:
-            it = batches()
-            b = next(it)
-        wait += time.perf_counter() - w0
+        with Stopwatch() as waited:
+            try:
+                b = next(it)
+            except StopIteration:
+                it = batches()
+                b = next(it)
+        wait += waited.wall
         r, c = fn(b)
         real, computed, steps = real + r, computed + c, steps + 1
     sync()
-    dt = time.perf_counter() - t0
+    dt = clock.elapsed()
     out = {"config": name, "real_tokens_per_s": real / dt, "computed_tokens_per_s": computed / dt,
            "padding_efficiency": real / computed, "step_ms": 1e3 * dt / steps, "steps": steps,
            "real_tokens": real, "seconds": dt, "loader_wait_share": wait / dt,
@@ -283,8 +287,8 @@ def run_config(name: str, batches: Callable[[], Iterator[dict[str, Any]]], fn: C
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The model, the data, the batch shapes, the loader."""
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--d-model", type=int, default=1024)
@@ -302,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", choices=["auto", *IMPLS], default="auto", help="varlen attention")
     ap.add_argument("--sdpa", choices=["no-cudnn", "default"], default="no-cudnn",
                     help="padded SDPA: cuDNN attention off (default) or torch's choice")
-    ap.add_argument("--configs", default="packed,padded,budget,budget-varlen")
     ap.add_argument("--data", default="/tmp/fastfeed-gpu-tokens", help="where the dataset is built")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """The data built, the attention probed; every batch kind of the grid, then the table."""
+    args = ctx.args
     if args.max_len > args.seq_len * args.rows:
         raise SystemExit("--max-len must be <= --seq-len x --rows (the token budget must fit every document)")
 
@@ -325,23 +331,20 @@ def main(argv: list[str] | None = None) -> int:
     step = Step(args, device)
     tried = probe_attention(step, args.attention)
     pin = device.type == "cuda"
-    common = {"num_workers": args.workers, "pin_memory": pin, "drop_last": True}
+    common = {"workers": args.workers, "pin_memory": pin, "drop_last": True}
 
     def sampler() -> Any:
         return DistributedTokenBudgetSampler(str(dst), max_cost=per_step, num_replicas=1, rank=0)
 
     loaders = {
-        "packed": (lambda: fastfeed.loader(dst, batch_size=args.rows, seq_len=args.seq_len, **common), step.packed),
-        "padded": (lambda: fastfeed.loader(dst, batch_size=B, pad_multiple=8, **common), step.padded),
-        "budget": (lambda: fastfeed.loader(dst, batch_sampler=sampler(), pad_multiple=8, num_workers=args.workers,
+        "packed": (lambda: fastfeed_loader(dst, batch_size=args.rows, seq_len=args.seq_len, **common), step.packed),
+        "padded": (lambda: fastfeed_loader(dst, batch_size=B, pad_multiple=8, **common), step.padded),
+        "budget": (lambda: fastfeed_loader(dst, batch_sampler=sampler(), pad_multiple=8, workers=args.workers,
                                            pin_memory=pin), step.padded),
-        "budget-varlen": (lambda: fastfeed.loader(dst, batch_sampler=sampler(), num_workers=args.workers,
+        "budget-varlen": (lambda: fastfeed_loader(dst, batch_sampler=sampler(), workers=args.workers,
                                                   pin_memory=pin), step.unpadded),
     }
-    names = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in names if c not in loaders]
-    if unknown:
-        raise SystemExit(f"--configs: unknown {unknown}; choose from {list(loaders)}")
+    names = list(ctx.grid["config"])
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"gpu_tokens: {dev_name} | torch {torch.__version__} | {args.layers}x{args.d_model}, {args.heads} heads | "
           f"varlen attention: {ATTN['impl']} ({'; '.join(tried)}) | padded SDPA: {args.sdpa} | "
@@ -363,13 +366,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['padding_efficiency']:>9.3f}{r['real_tokens_per_step']:>10,.0f}{r['step_ms']:>9.1f}"
               f"{r['loader_wait_share']:>12.1%}{vs:>10}")
     out = {"gpu_tokens": {"device": dev_name, "torch": torch.__version__, "varlen_attention": ATTN["impl"],
-                          "probe": tried, "padded_batch": B, "mean_len": mean, "args": vars(args) | {"json": str(args.json)},
-                          "rows": rows}}
-    print("RESULT " + json.dumps(out, default=str))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1, default=str))
-    return 0
+                          "probe": tried, "padded_batch": B, "mean_len": mean,
+                          "args": {k: str(v) for k, v in vars(args).items() if k != "point"}, "rows": rows}}
+    return out
 
+
+BENCHMARK = Benchmark(
+    name="gpu_tokens", doc=__doc__, options=options, run=run,
+    grid=(Axis("config", ("packed", "padded", "budget", "budget-varlen"), flag="--configs",
+               help="the batch kinds (see the table above)"),),
+    quick={"device": "cpu", "layers": 2, "d_model": 64, "heads": 4, "vocab": 1024, "docs": 2000, "max_len": 256,
+           "seq_len": 256, "rows": 4, "tokens": 40_000, "workers": 1},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

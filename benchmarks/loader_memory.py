@@ -24,26 +24,29 @@ Run (bench venv: ``make bench-env``)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import cpu_count, environment, log, pack_once, synth_image_folder, worker_memory  # noqa: E402
-from _peers import BUILDERS, Setup, samples_per_shard  # noqa: E402
+from fastfeed.host import cpu_count  # noqa: E402
+
+from benchmarks.lib.data import pack_once, synth_image_folder  # noqa: E402
+from benchmarks.lib.measure import Stopwatch, worker_memory  # noqa: E402
+from benchmarks.lib.peers import BUILDERS, Setup, samples_per_shard  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context, Point  # noqa: E402
 
 LOADERS = ("fastfeed", "imagefolder")
+PHASES = ("per-worker", "epochs")
 RSS_GOAL = 1.2
 GROWTH_GOAL = 0.05
 
 
-# ---------------------------------------------------------------------- child process
+# ---------------------------------------------------------------------- a point's process
 class _Sampler(threading.Thread):
     """Samples the memory of this process's children every ``interval`` seconds."""
 
@@ -77,40 +80,67 @@ def _snapshot() -> dict[str, Any]:
             "per_worker_rss": [k.rss for k in kids]}
 
 
-def child(name: str, data: dict[str, Path], setup: Setup, epochs: int) -> dict[str, Any]:
-    """Run ``epochs`` epochs of one loader here; memory per worker and per epoch."""
+def run_point(point: Point, ctx: Context) -> dict[str, Any]:
+    """Run one loader for its phase's epochs in this (fresh) process; memory per worker and per epoch."""
     import torch  # noqa: F401 - a training script has both imported
     import torchvision  # noqa: F401
 
+    args, name = ctx.args, point["loader"]
+    epochs = 1 if point["phase"] == "per-worker" else args.epochs
     builder, _ = BUILDERS[name]
-    built = builder(data, setup)
+    built = builder(_data(ctx, point["phase"]), Setup(workers=args.workers, batch_size=args.batch_size,
+                                                      prefetch=args.prefetch))
     sampler = _Sampler()
     sampler.start()
     per_epoch, images = [], 0
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for batch in built.epoch():
-            images += len(batch["__key__"]) if isinstance(batch, dict) else len(batch[0])
-            del batch
-        sampler.sample()
-        per_epoch.append(_snapshot())  # persistent workers are alive between epochs
-    elapsed = time.perf_counter() - t0
+    with Stopwatch() as took:
+        for _ in range(epochs):
+            for batch in built.epoch():
+                images += len(batch["__key__"]) if isinstance(batch, dict) else len(batch[0])
+                del batch
+            sampler.sample()
+            per_epoch.append(_snapshot())  # persistent workers are alive between epochs
     sampler.stop()
     built.close()
     return {"name": name, "what": built.what, "epochs": epochs, "images": images,
-            "seconds": elapsed, "per_epoch": per_epoch, "peak_per_worker": list(sampler.peak.values())}
+            "seconds": took.wall, "per_epoch": per_epoch, "peak_per_worker": list(sampler.peak.values())}
 
 
-# ---------------------------------------------------------------------- parent
-def _run_child(name: str, data: dict[str, Path], args: argparse.Namespace, epochs: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", name, "--child-data", json.dumps({k: str(v) for k, v in data.items()}),
-           "--workers", str(args.workers), "--batch-size", str(args.batch_size),
-           "--prefetch", str(args.prefetch), "--epochs", str(epochs)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"{name}: child failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("CHILD ")][-1]
-    return json.loads(line[len("CHILD "):])
+# ---------------------------------------------------------------------- the run
+def options(p: argparse.ArgumentParser) -> None:
+    """Sizes, epochs, workers."""
+    p.add_argument("--images", type=int, default=10_000, help="generated JPEGs for the per-worker run")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--epoch-images", type=int, default=2_000, help="generated JPEGs for the epochs run")
+    p.add_argument("--workers", type=int, default=cpu_count())
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--loaders", default=",".join(LOADERS), help="per-worker run: fastfeed, imagefolder")
+    p.add_argument("--epoch-loaders", default=",".join(LOADERS), help="epochs run: fastfeed, imagefolder")
+
+
+def prepare(ctx: Context) -> dict[str, Path]:
+    """Generated JPEGs and their pack, for each phase."""
+    args, data = ctx.args, {}
+    for phase, n in (("per-worker", args.images), ("epochs", args.epoch_images)):
+        if phase in ctx.grid["phase"]:
+            folder = synth_image_folder(n)
+            data[f"{phase}:folder"] = folder
+            data[f"{phase}:fastfeed"] = pack_once(folder, samples_per_shard=samples_per_shard(n, args.workers))
+    return data
+
+
+def _data(ctx: Context, phase: str) -> dict[str, Path]:
+    return {k.split(":", 1)[1]: v for k, v in ctx.data.items() if k.startswith(f"{phase}:")}
+
+
+def skip(point: Point, ctx: Context) -> str | None:
+    """Each phase runs its loaders: ``--loaders`` (per worker), ``--epoch-loaders`` (epochs)."""
+    flag = "--loaders" if point["phase"] == "per-worker" else "--epoch-loaders"
+    chosen = ctx.args.loaders if point["phase"] == "per-worker" else ctx.args.epoch_loaders
+    if point["loader"] not in chosen.split(","):
+        return f"{point['phase']} {point['loader']}: not in {flag}"
+    return None
 
 
 def _mib(n: float) -> str:
@@ -129,87 +159,54 @@ def _growth(res: dict[str, Any], key: str) -> tuple[float, float, float]:
     return first, last, (last - first) / first
 
 
-def _data(images: int, workers: int) -> dict[str, Path]:
-    folder = synth_image_folder(images)
-    return {"folder": folder, "fastfeed": pack_once(folder, samples_per_shard=samples_per_shard(images, workers))}
-
-
-def parent(args: argparse.Namespace) -> dict[str, Any]:
-    env = environment()
-    report: dict[str, Any] = {"env": env, "workers": args.workers, "batch_size": args.batch_size,
-                              "prefetch": args.prefetch, "per_worker": {}, "epochs": {}}
-    big = _data(args.images, args.workers)
-    print(f"\n== loader_memory: per worker, {args.workers} workers, batch {args.batch_size}, "
-          f"1 epoch of {args.images} images (fresh process per loader)")
-    print(f"{'loader':<14}{'RSS/worker':>14}{'PSS/worker':>14}{'USS/worker':>14}{'main RSS':>14}")
-    for name in args.loaders:
-        log(f"per-worker memory: {name}")
-        res = _run_child(name, big, args, 1)
+def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    """Memory per worker against ImageFolder's, and growth over the epochs."""
+    args = ctx.args
+    out: dict[str, Any] = {"env": ctx.env, "workers": args.workers, "batch_size": args.batch_size,
+                           "prefetch": args.prefetch, "per_worker": {}, "epochs": {}}
+    per_worker = [(pt, res) for pt, res in rows if pt["phase"] == "per-worker"]
+    if per_worker:
+        print(f"\n== loader_memory: per worker, {args.workers} workers, batch {args.batch_size}, "
+              f"1 epoch of {args.images} images (fresh process per loader)")
+        print(f"{'loader':<14}{'RSS/worker':>14}{'PSS/worker':>14}{'USS/worker':>14}{'main RSS':>14}")
+    for pt, res in per_worker:
         pw = _per_worker(res)
-        report["per_worker"][name] = {**pw, "main_rss": res["per_epoch"][-1]["main_rss"], "what": res["what"],
-                                      "workers_seen": len(res["peak_per_worker"])}
-        print(f"{name:<14}{_mib(pw['rss']):>14}{_mib(pw['pss']):>14}{_mib(pw['uss']):>14}"
-              f"{_mib(res['per_epoch'][-1]['main_rss']):>14}")
-    pw = report["per_worker"]
+        main_rss = res["per_epoch"][-1]["main_rss"]
+        out["per_worker"][pt["loader"]] = {**pw, "main_rss": main_rss, "what": res["what"],
+                                           "workers_seen": len(res["peak_per_worker"])}
+        print(f"{pt['loader']:<14}{_mib(pw['rss']):>14}{_mib(pw['pss']):>14}{_mib(pw['uss']):>14}{_mib(main_rss):>14}")
+    pw = out["per_worker"]
     if "fastfeed" in pw and "imagefolder" in pw:
         for k in ("rss", "pss", "uss"):
             ratio = pw["fastfeed"][k] / pw["imagefolder"][k]
-            report.setdefault("ratios", {})[k] = ratio
+            out.setdefault("ratios", {})[k] = ratio
             goal = f" [<= {RSS_GOAL:g}: {'met' if ratio <= RSS_GOAL else 'MISSED'}]" if k == "rss" else ""
             print(f"fastfeed / imagefolder {k.upper()} per worker: {ratio:.2f}x{goal}")
-
-    small = _data(args.epoch_images, args.workers)
-    print(f"\n== loader_memory: {args.epochs} epochs of {args.epoch_images} images, main + workers")
-    print(f"{'loader':<14}{'RSS ep1':>12}{'RSS last':>12}{'growth':>9}{'PSS ep1':>12}{'PSS last':>12}{'growth':>9}")
-    for name in args.epoch_loaders:
-        log(f"memory over {args.epochs} epochs: {name}")
-        res = _run_child(name, small, args, args.epochs)
+    over = [(pt, res) for pt, res in rows if pt["phase"] == "epochs"]
+    if over:
+        print(f"\n== loader_memory: {args.epochs} epochs of {args.epoch_images} images, main + workers")
+        print(f"{'loader':<14}{'RSS ep1':>12}{'RSS last':>12}{'growth':>9}{'PSS ep1':>12}{'PSS last':>12}{'growth':>9}")
+    for pt, res in over:
+        name = pt["loader"]
         r0, r1, rg = _growth(res, "rss")
         p0, p1, pg = _growth(res, "pss")
-        report["epochs"][name] = {"rss_first": r0, "rss_last": r1, "rss_growth": rg, "pss_first": p0,
-                                  "pss_last": p1, "pss_growth": pg, "per_epoch": res["per_epoch"],
-                                  "seconds": res["seconds"]}
+        out["epochs"][name] = {"rss_first": r0, "rss_last": r1, "rss_growth": rg, "pss_first": p0,
+                               "pss_last": p1, "pss_growth": pg, "per_epoch": res["per_epoch"],
+                               "seconds": res["seconds"]}
         goal = f" [< {GROWTH_GOAL:.0%}: {'met' if rg < GROWTH_GOAL else 'MISSED'}]" if name == "fastfeed" else ""
         print(f"{name:<14}{_mib(r0):>12}{_mib(r1):>12}{rg:>9.1%}{_mib(p0):>12}{_mib(p1):>12}{pg:>9.1%}{goal}")
-    print("RESULT " + json.dumps(report, sort_keys=True))
-    return report
+    return out  # a missed goal is a finding in the report, not a failed run
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=10_000, help="generated JPEGs for the per-worker run")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--epoch-images", type=int, default=2_000, help="generated JPEGs for the epochs run")
-    p.add_argument("--workers", type=int, default=cpu_count())
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--prefetch", type=int, default=2)
-    p.add_argument("--loaders", default=",".join(LOADERS), help="per-worker run: fastfeed, imagefolder")
-    p.add_argument("--epoch-loaders", default=",".join(LOADERS), help="epochs run: fastfeed, imagefolder")
-    p.add_argument("--quick", action="store_true", help="2,000 images; 20 epochs of 500")
-    p.add_argument("--json", type=Path, help="also write the report to this file")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--child-data", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.images, args.epoch_images = 2_000, 500
-    args.loaders = [x for x in args.loaders.split(",") if x]
-    args.epoch_loaders = [x for x in args.epoch_loaders.split(",") if x]
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    if args.child:
-        data = {k: Path(v) for k, v in json.loads(args.child_data).items()}
-        setup = Setup(workers=args.workers, batch_size=args.batch_size, prefetch=args.prefetch)
-        print("CHILD " + json.dumps(child(args.child, data, setup, args.epochs)))
-        return 0
-    report = parent(args)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    return 0  # a missed goal is a finding in the report, not a failed run
-
+BENCHMARK = Benchmark(
+    name="loader_memory", doc=__doc__, options=options, prepare=prepare, skip=skip, run_point=run_point,
+    report=report, isolate=True, needs=("torchvision", "psutil"),
+    grid=(Axis("phase", PHASES, help="per-worker (one epoch) and epochs (growth)"),
+          Axis("loader", LOADERS, help="the loaders (of each phase: --loaders, --epoch-loaders)")),
+    quick={"images": 2_000, "epoch_images": 500},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

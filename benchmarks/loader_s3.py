@@ -42,29 +42,32 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import shutil
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fastfeed  # noqa: E402
 from fastfeed.decode.cpu import CpuDecoder  # noqa: E402
 from fastfeed.host import cpu_count, host_info  # noqa: E402
 from fastfeed.packed.index import DatasetIndex  # noqa: E402
-from fastfeed.timing.measure import Measurement, measure  # noqa: E402
+
+from benchmarks.lib.data import BENCH_DATA, synth_image_folder  # noqa: E402
+from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.measure import Measurement, Stopwatch, measure  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context  # noqa: E402
 
 BUCKET = "fastfeed-bench"
+#: the configurations, in the order of a round (s3-warm reads the cache s3-cold filled)
+CONFIGS = ("local", "s3-cold", "s3-warm", "s3-nocache", "loose-get")
 CREDS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench", "region_name": "us-east-1"}
 
 
@@ -152,17 +155,10 @@ class MotoProcess:
 
 # ---------------------------------------------------------------------- data
 def prepare_data(root: Path, images: int, per_shard: int) -> tuple[Path, Path]:
-    """ImageFolder of generated JPEGs and its packed shards (reused when already there)."""
-    from tools.synth import make_image_folder
+    """ImageFolder of generated JPEGs (``bench-data/synth-N``) and its packed shards (reused when there)."""
+    import fastfeed
 
-    imgs, packed = root / f"imgs-{images}", root / f"packed-{images}-{per_shard}"
-    if not (imgs / ".done").exists():
-        shutil.rmtree(imgs, ignore_errors=True)
-        t = time.perf_counter()
-        make_image_folder(imgs, num_images=images, num_classes=100, size=(500, 375), quality=90,
-                          vary_size=True, workers=cpu_count())
-        (imgs / ".done").write_text("ok")
-        print(f"generated {images} JPEGs in {time.perf_counter() - t:.0f}s", flush=True)
+    imgs, packed = synth_image_folder(images), root / f"packed-{images}-{per_shard}"
     if not DatasetIndex.exists(packed):
         shutil.rmtree(packed, ignore_errors=True)
         fastfeed.pack(str(imgs), str(packed), samples_per_shard=per_shard, workers=cpu_count())
@@ -179,10 +175,9 @@ def upload(server: MotoProcess, imgs: Path, packed: Path) -> list[tuple[str, int
     jobs = [(str(p), k) for p, (k, _) in zip(files, loose)] + [
         (str(p), f"packed/{p.name}") for p in sorted(packed.iterdir()) if p.is_file()
     ]
-    t = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
+    with Stopwatch() as took, ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda job: client.upload_file(job[0], BUCKET, job[1]), jobs))
-    print(f"uploaded {len(jobs)} objects in {time.perf_counter() - t:.0f}s", flush=True)
+    print(f"uploaded {len(jobs)} objects in {took.wall:.0f}s", flush=True)
     return loose
 
 
@@ -254,13 +249,13 @@ def rate_of(ms: list[Measurement]) -> float:
 
 
 def ff_loader(path: str, args: argparse.Namespace, image_size: int | None, **kw: Any) -> Any:
-    return fastfeed.loader(path, batch_size=args.batch, image_size=image_size, num_workers=args.workers,
-                           prefetch_factor=2, rank=0, world_size=1, drop_last=True, seed=0,
-                           decode="cpu" if image_size else None, **kw)
+    """fastfeed's loader of every configuration (``kw``: where the shards come from, the cache)."""
+    return fastfeed_loader(path, batch_size=args.batch, image_size=image_size, workers=args.workers, prefetch=2,
+                           rank=0, world_size=1, drop_last=True, seed=0, decode="cpu" if image_size else None, **kw)
 
 
 def measure_all(server: MotoProcess, packed: Path, loose: list[tuple[str, int]], args: argparse.Namespace,
-                image_size: int | None, tag: str) -> dict[str, list[Measurement]]:
+                image_size: int | None, tag: str, configs: tuple[str, ...] = CONFIGS) -> dict[str, list[Measurement]]:
     """Every configuration, ``--repeat`` rounds in rotation (a fresh, empty cache for each cold run)."""
     url = f"s3://{BUCKET}/packed"
     so = server.storage_options
@@ -282,7 +277,8 @@ def measure_all(server: MotoProcess, packed: Path, loose: list[tuple[str, int]],
                                          args),
             }
             for name, fn in runs.items():
-                out.setdefault(name, []).append(fn())
+                if name in configs:
+                    out.setdefault(name, []).append(fn())
         finally:
             shutil.rmtree(cache, ignore_errors=True)
     return out
@@ -291,11 +287,11 @@ def measure_all(server: MotoProcess, packed: Path, loose: list[tuple[str, int]],
 def report(results: dict[str, dict[str, list[Measurement]]], args: argparse.Namespace) -> dict[str, Any]:
     """Median img/s per configuration over the rounds, and the ratios of the goals."""
     summary: dict[str, Any] = {"date": datetime.date.today().isoformat(), "host": str(host_info()),
-                               "args": {k: str(v) for k, v in vars(args).items()}, "runs": {}}
+                               "args": {k: str(v) for k, v in vars(args).items() if k != "point"}, "runs": {}}
     goals = {"s3-cold / loose-get": 10.0, "s3-warm / local": 0.9}
     print("\nmedian img/s over rounds, and ratios:")
     for tag, r in results.items():
-        rate = {k: rate_of(ms) for k, ms in r.items()}
+        rate = {k: rate_of(r.get(k, [])) for k in CONFIGS}
         print(f"  [{tag}] " + ", ".join(f"{k} {v:.0f}" for k, v in rate.items()))
         ratios = {
             "s3-cold / loose-get": rate["s3-cold"] / rate["loose-get"],
@@ -317,8 +313,8 @@ def report(results: dict[str, dict[str, list[Measurement]]], args: argparse.Name
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
+    """Sizes, workers, the measurement's bounds, the added latency."""
     p.add_argument("--images", type=int, default=4000)
     p.add_argument("--per-shard", type=int, default=250, help="images per shard")
     p.add_argument("--workers", type=int, default=cpu_count())
@@ -327,29 +323,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-batches", type=int, default=20)
     p.add_argument("--min-time", type=float, default=5.0)
     p.add_argument("--max-time", type=float, default=40.0)
-    p.add_argument("--repeat", type=int, default=1, help="rounds over all configurations (median reported)")
     p.add_argument("--io-only", action="store_true", help="also measure with decode=None")
     p.add_argument("--latency-ms", type=float, default=0.0,
                    help="delay every request by this much (a proxy in front of moto), as a distant store would")
-    p.add_argument("--data", type=Path, default=REPO / "bench-data" / "s3")
+    p.add_argument("--data", type=Path, default=BENCH_DATA / "s3")
     p.add_argument("--cache-parent", default=None, help="where the cache_dir is made (default: TMPDIR)")
-    p.add_argument("--json", type=Path, default=None, help="write the figures here")
-    p.add_argument("--quick", action="store_true", help="small and short: a smoke run, not a figure to quote")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.images, args.per_shard, args.min_batches = min(args.images, 800), min(args.per_shard, 100), 8
-        args.min_time, args.max_time, args.repeat = 1.0, 15.0, 1
+
+
+def run_all_configs(ctx: Context) -> dict[str, Any]:
+    """The server up, the data uploaded; every configuration of the grid in rounds; the ratios."""
+    args = ctx.args
     imgs, packed = prepare_data(args.data, args.images, args.per_shard)
+    configs = tuple(ctx.grid["config"])
     with MotoProcess(args.latency_ms) as server:
         loose = upload(server, imgs, packed)
-        results = {"decode": measure_all(server, packed, loose, args, args.image_size, "decode")}
+        results = {"decode": measure_all(server, packed, loose, args, args.image_size, "decode", configs)}
         if args.io_only:
-            results["io-only"] = measure_all(server, packed, loose, args, None, "io-only")
-    summary = report(results, args)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    return 0
+            results["io-only"] = measure_all(server, packed, loose, args, None, "io-only", configs)
+    return report(results, args)
 
+
+BENCHMARK = Benchmark(
+    name="loader_s3", doc=__doc__, options=options, run=run_all_configs, needs=("moto", "boto3", "s3fs"),
+    grid=(REPEAT, Axis("config", CONFIGS, help="where the loader reads from (see the table above)")),
+    quick={"images": 800, "per_shard": 100, "min_batches": 8, "min_time": 1.0, "max_time": 15.0, "repeat": 1},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

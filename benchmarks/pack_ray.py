@@ -2,7 +2,7 @@
 
 The Ray column of ``benchmarks/pack.py``, in its own script because it needs a cluster: the
 same generated ImageFolder (``bench-data/synth-N``: ImageNet-like JPEGs, ~500x375, q90,
-~100 KB, 100 classes; made once by ``benchmarks/_common.py``, shared with ``pack.py``) is
+~100 KB, 100 classes; made once by :mod:`benchmarks.lib.data`, shared with ``pack.py``) is
 packed, in one run, by
 
 - ``fastfeed.pack(..., workers=C)``: the local engine, C processes on this machine;
@@ -42,23 +42,24 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import (  # noqa: E402
-    BENCH_DATA, environment, log, prepare_pack_run, synth_image_folder,
-)
+from benchmarks.lib.data import BENCH_DATA, prepare_pack_run, synth_image_folder  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.report import log  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context  # noqa: E402
 
 GOAL = 0.9
+VARIANTS = ("ray (connect)", "ray (warm driver)")
 
 
 def _digest(root: Path) -> str:
@@ -72,7 +73,7 @@ def _digest(root: Path) -> str:
     return h.hexdigest()
 
 
-class CpuMeter:
+class TreeCpuMeter:
     """CPU-s used by this process tree during a run, sampled from ``/proc`` every 100 ms.
 
     Each process is keyed by (pid, start time) and its own utime + stime is remembered at
@@ -163,17 +164,19 @@ class CpuMeter:
         return sum(v - self.start.get(k, 0.0) for k, v in self.seen.items()) - sampler
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The data, the cluster's shape, the shard sizes, the page cache."""
     ap.add_argument("--images", type=int, default=20_000, help="JPEGs to pack (default 20000)")
     ap.add_argument("--nodes", type=int, default=2, help="Ray nodes on this machine (default 2)")
     ap.add_argument("--cpus-per-node", type=int, default=1, help="CPUs of each node (default 1)")
     ap.add_argument("--shard-size", default="256MB", help="shard size of the main comparison")
     ap.add_argument("--small-shard-size", default="32MB", help="a size giving many shards ('' to skip)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (median)")
     ap.add_argument("--cache", choices=["warm", "cold"], default="warm")
-    args = ap.parse_args(argv)
 
+
+def run(ctx: Context) -> dict[str, Any]:
+    """A local Ray cluster up; each variant of the grid interleaved with the local packer; the ratios."""
+    args, env = ctx.args, ctx.env
     import ray
 
     from tools.ray_local import RAY_ENV, LocalRayCluster
@@ -181,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.update(RAY_ENV)
     logging.basicConfig(level=logging.WARNING)
-    env = environment()
     cpus = args.nodes * args.cpus_per_node
     src = synth_image_folder(args.images)
     files = sorted(p for p in src.rglob("*.jpg"))
@@ -191,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     out = BENCH_DATA / "pack-ray-out"
     sizes = [s for s in (args.shard_size, args.small_shard_size) if s]
 
-    t0 = time.perf_counter()
     # Ray's memory monitor kills tasks when the *machine* is short of memory, which on a shared
     # machine may be other people's processes: off for this measurement (the kernel's stays)
-    cluster = LocalRayCluster(nodes=args.nodes, cpus_per_node=args.cpus_per_node,
-                              env={"RAY_memory_monitor_refresh_ms": "0"}).start()
+    with Stopwatch() as took:
+        cluster = LocalRayCluster(nodes=args.nodes, cpus_per_node=args.cpus_per_node,
+                                  env={"RAY_memory_monitor_refresh_ms": "0"}).start()
     cluster_roots = {node.proc.pid for node in cluster.nodes}
-    log(f"cluster started in {time.perf_counter() - t0:.0f} s at {cluster.address}")
+    log(f"cluster started in {took.wall:.0f} s at {cluster.address}")
     times: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
     shards: dict[str, int] = {}
@@ -217,18 +219,19 @@ def main(argv: list[str] | None = None) -> int:
         # two phases, each interleaving the local packer with one Ray variant (a driver that
         # disconnects between runs starts new worker processes each time; a connected one
         # keeps them, after one untimed warm-up run)
-        for variant, fn in (("ray (connect)", ray_connect), ("ray (warm driver)", ray_warm)):
+        for variant, fn in ((v, {"ray (connect)": ray_connect, "ray (warm driver)": ray_warm}[v])
+                            for v in ctx.grid["variant"]):
             if variant == "ray (warm driver)":
                 prepare_pack_run(src, out, args.cache)
                 ray_warm(sizes[-1])
             for _ in range(args.repeat):
                 for size in sizes:
-                    for name, run in ((f"local|{variant}", local), (variant, fn)):
+                    for name, pack_with in ((f"local|{variant}", local), (variant, fn)):
                         prepare_pack_run(src, out, args.cache)
-                        meter = CpuMeter(cluster_roots if name.startswith("local") else set())
-                        t = time.perf_counter()
-                        shards[size] = run(size)
-                        dt = time.perf_counter() - t
+                        meter = TreeCpuMeter(cluster_roots if name.startswith("local") else set())
+                        with Stopwatch() as took:
+                            shards[size] = pack_with(size)
+                        dt = took.wall
                         cpu.setdefault((name, size), []).append(meter.done())
                         digests.setdefault((name, size), _digest(out))
                         times.setdefault((name, size), []).append(dt)
@@ -243,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         if len({d for (_, sz), d in digests.items() if sz == size}) != 1:
             raise SystemExit(f"shard size {size}: the engines wrote different bytes")
-    return _report(times, cpu, shards, sizes, len(files), total, cpus, args, env)
+    return _report(times, cpu, shards, sizes, len(files), total, cpus, args, env, tuple(ctx.grid["variant"]))
 
 
 def _report(times: dict, cpu: dict, shards: dict, sizes: list[str], files: int, total: int, cpus: int,
-            args: argparse.Namespace, env: dict[str, Any]) -> int:
+            args: argparse.Namespace, env: dict[str, Any], variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+    """The table, ray / local in wall and CPU time, Ray's CPU per shard; the JSON-ready figures."""
     print(f"\n== fastfeed pack --engine ray vs local at {cpus} CPUs: {files} JPEGs, {total / 1e6:.0f} MB, "
           f"{args.nodes} node(s) x {args.cpus_per_node} CPU(s), {args.cache} page cache, median of {args.repeat}")
     print(f"{'shards':<14}{'engine':<19}{'files/s':>9}{'MB/s':>6}{'wall ray/local':>16}"
@@ -255,7 +259,7 @@ def _report(times: dict, cpu: dict, shards: dict, sizes: list[str], files: int, 
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     met = True
     for size in sizes:
-        for variant in ("ray (connect)", "ray (warm driver)"):
+        for variant in variants:
             lt = statistics.median(times[(f"local|{variant}", size)])
             lc = statistics.median(cpu[(f"local|{variant}", size)])
             rt = statistics.median(times[(variant, size)])
@@ -266,19 +270,27 @@ def _report(times: dict, cpu: dict, shards: dict, sizes: list[str], files: int, 
                   f"{'':>16}{lc:>8.1f}")
             print(f"{'':<14}{variant:<19}{files / rt:>9,.0f}{total / rt / 1e6:>6,.0f}{r['wall']:>15.2f}x"
                   f"{rc:>8.1f}{r['cpu']:>14.2f}x{r['overhead_cpu_s_per_shard']:>18.3f}s")
-        c = ratios[size]["ray (connect)"]
-        met = met and c["wall"] >= GOAL
-        print(f"  {size}: ray (connect) / local = {c['wall']:.2f}x wall, {c['cpu']:.2f}x CPU "
-              f"[goal >= {GOAL:g}: {'met' if c['wall'] >= GOAL else 'MISSED'}]")
+        c = ratios[size].get("ray (connect)")
+        if c is not None:
+            met = met and c["wall"] >= GOAL
+            print(f"  {size}: ray (connect) / local = {c['wall']:.2f}x wall, {c['cpu']:.2f}x CPU "
+                  f"[goal >= {GOAL:g}: {'met' if c['wall'] >= GOAL else 'MISSED'}]")
     env["loadavg_1m_end"] = os.getloadavg()[0]
-    print("RESULT " + json.dumps({
-        "title": "pack_ray", "files": files, "bytes": total, "env": env, "cpus": cpus,
-        "nodes": args.nodes, "cache": args.cache, "shards": shards,
-        "seconds": {f"{n}|{s}": v for (n, s), v in times.items()},
-        "cpu_seconds": {f"{n}|{s}": v for (n, s), v in cpu.items()},
-        "ratios": ratios, "goal": GOAL}, sort_keys=True))
-    return 0 if met else 1
+    return {"title": "pack_ray", "files": files, "bytes": total, "env": env, "cpus": cpus,
+            "nodes": args.nodes, "cache": args.cache, "shards": shards,
+            "seconds": {f"{n}|{s}": v for (n, s), v in times.items()},
+            "cpu_seconds": {f"{n}|{s}": v for (n, s), v in cpu.items()},
+            "ratios": ratios, "goal": GOAL, "exit_code": 0 if met else 1}
 
+
+BENCHMARK = Benchmark(
+    name="pack_ray", doc=__doc__, options=options, run=run, needs=("ray",), repeat=3,
+    grid=(Axis("variant", VARIANTS, help="how the Ray driver runs (each interleaved with the local packer)"),
+          REPEAT),
+    quick={"images": 2_000, "repeat": 1, "small_shard_size": ""},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

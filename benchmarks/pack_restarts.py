@@ -22,19 +22,21 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import BENCH_DATA, files_under, log, replicated_sample, synth_image_folder  # noqa: E402
+from benchmarks.lib.data import BENCH_DATA, replicated_sample, synth_image_folder, tree_bytes  # noqa: E402
+from benchmarks.lib.measure import Stopwatch, children_cpu_seconds  # noqa: E402
+from benchmarks.lib.report import log  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 _PACK = ("import sys, fastfeed; fastfeed.pack(sys.argv[1], sys.argv[2], samples_per_shard=500, workers=1, "
          "overwrite=True, jpeg_restarts={restarts})")
@@ -43,14 +45,11 @@ _PACK = ("import sys, fastfeed; fastfeed.pack(sys.argv[1], sys.argv[2], samples_
 def _pack(src: Path, dst: Path, restarts: bool) -> dict[str, float]:
     """Pack in a fresh process; its wall time and CPU seconds (user + system)."""
     shutil.rmtree(dst, ignore_errors=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _PACK.format(restarts=restarts), str(src), str(dst)], check=True,
-                   cwd=Path(__file__).resolve().parent.parent)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu}
+    before = children_cpu_seconds()
+    with Stopwatch() as took:
+        subprocess.run([sys.executable, "-c", _PACK.format(restarts=restarts), str(src), str(dst)], check=True,
+                       cwd=Path(__file__).resolve().parent.parent)
+    return {"wall_s": took.wall, "cpu_s": children_cpu_seconds() - before}
 
 
 def _jpegs(dst: Path) -> list[bytes]:
@@ -76,21 +75,59 @@ def _same_pixels(plain: list[bytes], rst: list[bytes], n: int) -> int:
     return same
 
 
-def measure(kind: str, src: Path, repeat: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"dataset": kind, "folder": src.name}
-    for restarts in (False, True):
-        dst = BENCH_DATA / f"{src.name}.pack-restarts-{int(restarts)}"
-        runs = [_pack(src, dst, restarts) for _ in range(repeat)]
-        size = sum(p.stat().st_size for p in files_under(dst))
-        out["restarts" if restarts else "plain"] = {
-            "bytes": size, "wall_s": sorted(r["wall_s"] for r in runs)[len(runs) // 2],
-            "cpu_s": sorted(r["cpu_s"] for r in runs)[len(runs) // 2], "dst": str(dst)}
+def options(p: argparse.ArgumentParser) -> None:
+    """The sizes of the two datasets."""
+    p.add_argument("--images", type=int, default=2_000, help="generated JPEGs")
+    p.add_argument("--real-images", type=int, default=1_000, help="copies of the 47 real photos")
+
+
+def prepare(ctx: Context) -> dict[str, Path]:
+    """The two image folders."""
+    out: dict[str, Path] = {}
+    if "synth" in ctx.grid["dataset"]:
+        out["synth"] = synth_image_folder(ctx.args.images)
+    if "real" in ctx.grid["dataset"]:
+        out["real"] = replicated_sample(ctx.args.real_images)
+    return out
+
+
+def _dst(src: Path, restarts: bool) -> Path:
+    return BENCH_DATA / f"{src.name}.pack-restarts-{int(restarts)}"
+
+
+def run_point(point: Point, ctx: Context) -> dict[str, Any]:
+    """One pack (one writer, a fresh process) of one dataset, with or without restart markers."""
+    src = ctx.data[point["dataset"]]
+    dst = _dst(src, point["restarts"])
+    return {**_pack(src, dst, point["restarts"]), "bytes": tree_bytes(dst), "dst": str(dst)}
+
+
+def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    """Per dataset: shard bytes and pack time (medians) with and without, how many JPEGs were
+    re-coded, and on a sample that the decoded pixels are the source's."""
+    reports = []
+    for kind in ctx.grid["dataset"]:
+        src = ctx.data[kind]
+        out: dict[str, Any] = {"dataset": kind, "folder": src.name}
+        for restarts in (False, True):
+            runs = [r for pt, r in rows if pt["dataset"] == kind and pt["restarts"] == restarts]
+            if not runs:
+                break
+            out["restarts" if restarts else "plain"] = {
+                "bytes": runs[-1]["bytes"], "wall_s": statistics.median_high(r["wall_s"] for r in runs),
+                "cpu_s": statistics.median_high(r["cpu_s"] for r in runs), "dst": runs[-1]["dst"]}
+        else:
+            reports.append(_compare(kind, src, out))
+    return {"datasets": reports}
+
+
+def _compare(kind: str, src: Path, out: dict[str, Any]) -> dict[str, Any]:
     plain, rst = _jpegs(Path(out["plain"]["dst"])), _jpegs(Path(out["restarts"]["dst"]))
     out["jpegs"] = len(plain)
     out["recoded"] = sum(a != b for a, b in zip(plain, rst))
     out["pixel_checked"] = min(200, len(plain))
     out["pixel_same"] = _same_pixels(plain, rst, out["pixel_checked"])
-    src_bytes = sum(p.stat().st_size for p in files_under(src))
+    src_bytes = tree_bytes(src)
     p, r = out["plain"], out["restarts"]
     log(f"{kind}: {len(plain)} JPEGs, source {src_bytes / 1e6:.1f} MB; shards plain {p['bytes'] / 1e6:.1f} MB, "
         f"with restarts {r['bytes'] / 1e6:.1f} MB ({r['bytes'] / p['bytes'] - 1:+.1%}); pack (1 writer) plain "
@@ -100,20 +137,16 @@ def measure(kind: str, src: Path, repeat: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=2_000, help="generated JPEGs")
-    p.add_argument("--real-images", type=int, default=1_000, help="copies of the 47 real photos")
-    p.add_argument("--repeat", type=int, default=1, help="packs of each kind (median reported)")
-    p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
-    reports = [measure("synth", synth_image_folder(args.images), args.repeat),
-               measure("real", replicated_sample(args.real_images), args.repeat)]
-    print("RESULT " + json.dumps(reports))
-    if args.json:
-        args.json.write_text(json.dumps(reports, indent=1))
-    return 0
-
+BENCHMARK = Benchmark(
+    name="pack_restarts", doc=__doc__, options=options, prepare=prepare, run_point=run_point, report=report,
+    grid=(Axis("dataset", ("synth", "real"), help="generated JPEGs, replicated real photos"),
+          Axis("restarts", (False, True), parse=lambda v: v.lower() in ("1", "true", "yes"),
+               help="shards with restart markers or without"),
+          REPEAT),
+    quick={"images": 500, "real_images": 300},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -2,7 +2,7 @@
 
 One parquet text dataset (``bench-data/text-<rows>.parquet``, generated: Zipf-distributed
 pseudo-words in sentences and paragraphs, lognormal document lengths; see
-``benchmarks/_text.py``) and one byte-level BPE tokenizer trained on it at run time
+:mod:`benchmarks.lib.text`) and one byte-level BPE tokenizer trained on it at run time
 (16,384 tokens, ``tokenizers``; nothing downloaded) are turned into a tokenized dataset on
 disk, in one run, by
 
@@ -35,27 +35,24 @@ Prints a table, fastfeed's ratios to the HF way (wall clock and per CPU-second) 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import BENCH_DATA, environment, log  # noqa: E402
-from _text import fastfeed_pack_to, hf_save_to, text_parquet, text_tokenizer  # noqa: E402
+from benchmarks.lib.data import BENCH_DATA  # noqa: E402
+from benchmarks.lib.measure import Stopwatch, rusage_cpu_seconds  # noqa: E402
+from benchmarks.lib.report import log  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
+from benchmarks.lib.text import fastfeed_pack_to, hf_save_to, text_parquet, text_tokenizer  # noqa: E402
 
-
-def _cpu_seconds() -> float:
-    import resource
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+#: the runs: fastfeed at its default workers, at the peer's num_proc (when that differs), the HF way
+RUNS = ("fastfeed-auto", "fastfeed-n", "hf")
 
 
 def _tree_bytes(root: Path) -> int:
@@ -70,23 +67,22 @@ def _hf_tokens(out: Path) -> int:
     return int(pc.sum(pc.list_value_length(col)).as_py())
 
 
-def run_one(tool: str, parquet: str, tok: str, out: str, workers: str) -> dict[str, Any]:
-    """One timed run (meant for a fresh process: :func:`_run_isolated`)."""
-    src, tok_json, dst = Path(parquet), Path(tok), Path(out)
+def run_one(tool: str, src: Path, tok_json: Path, dst: Path, workers: str) -> dict[str, Any]:
+    """One timed run (in a fresh process: the runner starts one per point)."""
     if tool == "fastfeed":
         import fastfeed  # noqa: F401 - imported before the clock starts, as datasets is below
         import fastfeed.cli  # noqa: F401
         import fastfeed.packing.content.tokenize  # noqa: F401
         import tokenizers  # noqa: F401
 
-        c0, t0 = _cpu_seconds(), time.perf_counter()
-        with open(os.devnull, "w") as null:  # the CLI's summary lines
+        c0 = rusage_cpu_seconds()
+        with Stopwatch() as sw, open(os.devnull, "w") as null:  # the CLI's summary lines
             old, sys.stdout = sys.stdout, null
             try:
                 rc = fastfeed_pack_to(src, tok_json, dst, workers)
             finally:
                 sys.stdout = old
-        took, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+        took, cpu = sw.wall, rusage_cpu_seconds() - c0
         if rc != 0:
             raise SystemExit(f"fastfeed pack exited {rc}")
         from fastfeed.packed.index import DatasetIndex
@@ -99,61 +95,79 @@ def run_one(tool: str, parquet: str, tok: str, out: str, workers: str) -> dict[s
 
         cache = dst.with_name(dst.name + ".cache")
         shutil.rmtree(cache, ignore_errors=True)
-        c0, t0 = _cpu_seconds(), time.perf_counter()
-        ds = hf_save_to(src, tok_json, dst, int(workers), cache)
-        took, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+        c0 = rusage_cpu_seconds()
+        with Stopwatch() as sw:
+            ds = hf_save_to(src, tok_json, dst, int(workers), cache)
+        took, cpu = sw.wall, rusage_cpu_seconds() - c0
         rows, tokens = len(ds), _hf_tokens(dst)
         shutil.rmtree(cache, ignore_errors=True)
     return {"seconds": took, "cpu": cpu, "rows": rows, "tokens": tokens, "bytes": _tree_bytes(dst)}
 
 
-def _run_isolated(tool: str, parquet: Path, tok: Path, out: Path, workers: str) -> dict[str, Any]:
-    shutil.rmtree(out, ignore_errors=True)
-    os.sync()
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import pack_text as p; "
-            f"print('RUN ' + json.dumps(p.run_one({tool!r}, {str(parquet)!r}, {str(tok)!r}, {str(out)!r}, "
-            f"{workers!r})))")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RUN ")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"{tool} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(line[4:])
+def _runs(args: argparse.Namespace) -> dict[str, tuple[str, str, str]]:
+    """key -> (its name in the table, the tool, its workers)."""
+    n = args.num_proc
+    return {"fastfeed-auto": (f"fastfeed pack (default workers: auto={os.cpu_count()})", "fastfeed", "auto"),
+            "fastfeed-n": (f"fastfeed pack --workers {n}", "fastfeed", str(n)),
+            "hf": (f"HF load_dataset+map+save_to_disk num_proc={n}", "hf", str(n))}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """Corpus size, the peer's num_proc, where outputs go."""
     ap.add_argument("--rows", type=int, default=40_000, help="documents in the parquet file (default 40000)")
     ap.add_argument("--num-proc", type=int, default=os.cpu_count() or 1,
                     help="the HF map's num_proc and fastfeed's matching --workers (default: the cores)")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds of every run, interleaved (default 1)")
     ap.add_argument("--out", type=Path, default=BENCH_DATA / "pack-text-out", help="where outputs go")
-    ap.add_argument("--json", type=Path, default=None, help="also write the RESULT dict here")
-    args = ap.parse_args(argv)
 
-    env = environment()
-    parquet = text_parquet(args.rows)
+
+def prepare(ctx: Context) -> dict[str, Path]:
+    """The parquet corpus and the tokenizer; the parquet file in the page cache."""
+    parquet = text_parquet(ctx.args.rows)
     tok = text_tokenizer(parquet)
     with open(parquet, "rb") as f:  # page cache: the source is read from memory by every run
         while f.read(1 << 24):
             pass
-    n = args.num_proc
-    runs = {f"fastfeed pack (default workers: auto={os.cpu_count()})": ("fastfeed", "auto"),
-            f"fastfeed pack --workers {n}": ("fastfeed", str(n)),
-            f"HF load_dataset+map+save_to_disk num_proc={n}": ("hf", str(n))}
-    if n == os.cpu_count():  # auto is n workers: one fastfeed row
-        runs.pop(f"fastfeed pack --workers {n}")
-    subject, peer = next(iter(runs)), list(runs)[-1]
-    got: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for r in range(args.repeat):
-        for name, (tool, workers) in (runs.items() if r % 2 == 0 else reversed(runs.items())):
-            res = _run_isolated(tool, parquet, tok, args.out / tool, workers)
-            log(f"{name}: {res['seconds']:.1f} s, {res['cpu']:.1f} CPU-s, {res['tokens']:,} tokens")
-            got[name].append(res)
+    ctx.args.out.mkdir(parents=True, exist_ok=True)
+    return {"parquet": parquet, "tokenizer": tok}
+
+
+def skip(point: Point, ctx: Context) -> str | None:
+    """One fastfeed row when its default (auto: one per core) is the peer's ``num_proc``."""
+    if point["run"] == "fastfeed-n" and ctx.args.num_proc == os.cpu_count():
+        return "fastfeed pack --workers N: the same as the default workers here (auto = the cores)"
+    return None
+
+
+def run_point(point: Point, ctx: Context) -> dict[str, Any]:
+    """One run, output removed and synced away first."""
+    _, tool, workers = _runs(ctx.args)[point["run"]]
+    out = ctx.args.out / tool
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()
+    return run_one(tool, ctx.data["parquet"], ctx.data["tokenizer"], out, workers)
+
+
+def point_env(point: Point) -> dict[str, str]:
+    """No download, no hint lines."""
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def progress(point: Point, res: dict[str, Any]) -> str:
+    """The run's times and tokens."""
+    return f"{point['run']}: {res['seconds']:.1f} s, {res['cpu']:.1f} CPU-s, {res['tokens']:,} tokens"
+
+
+def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    """rows/s and tokens/s per run (medians), fastfeed against the HF way."""
+    args, names = ctx.args, _runs(ctx.args)
+    got: dict[str, list[dict[str, Any]]] = {}
+    for pt, res in rows:
+        got.setdefault(names[pt["run"]][0], []).append(res)
     tokens = {res["tokens"] for rs in got.values() for res in rs}
     if len(tokens) != 1:
         raise SystemExit(f"the tools disagree on the token count: {sorted(tokens)}")
+    runs = [names[k][0] for k in RUNS if names[k][0] in got]
+    subject, peer = runs[0], runs[-1]
 
     def med(name: str, key: str) -> float:
         return statistics.median(x[key] for x in got[name])
@@ -163,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     table = {}
     for name in runs:
         s, c = med(name, "seconds"), med(name, "cpu")
-        rows, toks = got[name][0]["rows"], got[name][0]["tokens"]
-        table[name] = {"rows_per_s": rows / s, "tokens_per_s": toks / s, "rows_per_cpu_s": rows / c,
+        n_rows, toks = got[name][0]["rows"], got[name][0]["tokens"]
+        table[name] = {"rows_per_s": n_rows / s, "tokens_per_s": toks / s, "rows_per_cpu_s": n_rows / c,
                        "tokens_per_cpu_s": toks / c, "seconds": s, "cpu_s": c,
                        "mb_out": got[name][0]["bytes"] / 1e6, "runs": got[name]}
         t = table[name]
@@ -179,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
         cpu = table[name]["tokens_per_cpu_s"] / table[peer]["tokens_per_cpu_s"]
         ratios[name] = {"wall": wall, "per_cpu_s": cpu}
         print(f"  {name}: {wall:.2f}x wall clock, {cpu:.2f}x per CPU-second")
-    out = {"title": "pack_text", "env": env, "rows": args.rows, "tokens": next(iter(tokens)),
-           "num_proc": n, "subject": subject, "peer": peer, "results": table, "ratios": ratios}
-    print("RESULT " + json.dumps(out, sort_keys=True))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    return 0
+    log(f"outputs in {args.out}")
+    return {"title": "pack_text", "env": ctx.env, "rows": args.rows, "tokens": next(iter(tokens)),
+            "num_proc": args.num_proc, "subject": subject, "peer": peer, "results": table, "ratios": ratios}
 
+
+BENCHMARK = Benchmark(
+    name="pack_text", doc=__doc__, options=options, prepare=prepare, skip=skip, run_point=run_point,
+    point_env=point_env, progress=progress, report=report, isolate=True,
+    needs=("datasets", "transformers", "tokenizers", "pyarrow"),
+    grid=(REPEAT, Axis("run", RUNS, help="fastfeed at its default workers, at the peer's num_proc; the HF way",
+                       alternate=True)),
+    quick={"rows": 5_000},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

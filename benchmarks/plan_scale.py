@@ -29,16 +29,22 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
+import sys
 import tracemalloc
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from fastfeed.loading.order.rankplan import plan_rank, plan_spec
-from fastfeed.loading.order.selection import select
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fastfeed.loading.order.rankplan import plan_rank, plan_spec  # noqa: E402
+from fastfeed.loading.order.selection import select  # noqa: E402
+
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context, Point  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
@@ -49,9 +55,9 @@ def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
     tracemalloc.stop()
     times = []
     for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
+        with Stopwatch() as took:
+            out = fn()
+        times.append(took.wall)
     return statistics.median(times), peak, out
 
 
@@ -88,23 +94,37 @@ def scenario_1b(repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", choices=["10m", "1b", "all"], default="all")
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args(argv)
-    rows: list[dict[str, Any]] = []
-    if args.scenario in ("10m", "all"):
-        rows += scenario_10m(args.repeat)
-    if args.scenario in ("1b", "all"):
-        rows += scenario_1b(args.repeat)
+SCENARIOS = {"10m": scenario_10m, "1b": scenario_1b}
+
+
+def options(ap: argparse.ArgumentParser) -> None:
+    """Runs per step."""
+    ap.add_argument("--repeat", type=int, default=3, help="untraced runs per step (the median reported)")
+
+
+def run_point(point: Point, ctx: Context) -> list[dict[str, Any]]:
+    """Every step of one scenario."""
+    return SCENARIOS[point["scenario"]](ctx.args.repeat)
+
+
+def report(rows: list[tuple[Point, list[dict[str, Any]]]], ctx: Context) -> dict[str, Any]:
+    """Median seconds and peak MB of every step."""
+    steps = [r for _, scenario in rows for r in scenario]
     print(f"{'scenario':<9} {'step':<28} {'median s':>9} {'peak MB':>9}  extra")
-    for r in rows:
+    for r in steps:
         extra = {k: v for k, v in r.items() if k not in ("scenario", "step", "s", "peak_mb")}
         print(f"{r['scenario']:<9} {r['step']:<28} {r['s']:9.3f} {r['peak_mb']:9.1f}  {extra}")
-    print("RESULT " + json.dumps({"benchmark": "plan_scale", "repeat": args.repeat, "rows": rows}, sort_keys=True))
-    return 0
+    return {"benchmark": "plan_scale", "repeat": ctx.args.repeat, "rows": steps}
 
+
+BENCHMARK = Benchmark(
+    name="plan_scale", doc=__doc__, options=options, run_point=run_point, report=report,
+    grid=(Axis("scenario", tuple(SCENARIOS), flag="--scenario", aliases={"all": tuple(SCENARIOS)},
+               help="10m, 1b or all"),),
+    quick={"scenario": ("10m",), "repeat": 1},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -27,33 +27,27 @@ Run::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import SHARED_SAMPLE, environment, log, replicated_sample, synth_image_folder  # noqa: E402
+from benchmarks.lib.data import pack_once, photo_folder  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 OUT = 224
 
 
 def _dataset(images: int, max_side: int, source: Path | None) -> Path:
-    import fastfeed
-
-    src = source or SHARED_SAMPLE
-    folder = replicated_sample(images, src=src) if src.is_dir() else synth_image_folder(images)
-    dst = folder.with_name(f"{folder.name}.ff-raw-{max_side}-resize")
-    fastfeed.pack(folder, dst, store="raw", max_side=max_side, samples_per_shard=500, seed=0)
-    return dst
+    """The photos packed raw (``--store raw --max-side N``, 500 per shard)."""
+    return pack_once(photo_folder(images, source), store="raw", max_side=max_side, samples_per_shard=500)
 
 
 def _views(dataset: Path, seed: int) -> list[np.ndarray]:
@@ -83,29 +77,30 @@ def _boxes(views: list[np.ndarray], seed: int) -> list[tuple[int, int, int, int]
 
 
 def _time(fn: Callable[[np.ndarray], None], views: list[np.ndarray], boxes: list[tuple[int, int, int, int]]) -> float:
-    t = time.process_time()
-    for v, (y, x, h, w) in zip(views, boxes):
-        fn(v[y:y + h, x:x + w])
-    return (time.process_time() - t) / len(views) * 1e6
+    """CPU microseconds per crop of one pass (one core: this process's CPU time)."""
+    with Stopwatch() as took:
+        for v, (y, x, h, w) in zip(views, boxes):
+            fn(v[y:y + h, x:x + w])
+    return took.cpu / len(views) * 1e6
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
+    """The data."""
     p.add_argument("--images", type=int, default=2_000)
     p.add_argument("--max-side", type=int, default=500)
     p.add_argument("--source", type=Path, help="a folder of photos to replicate (default: shared/data/imagenet-sample; "
                    "on the GPU machine: .dali-bench/imagenet-sample)")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
 
+
+def prepare(ctx: Context) -> dict[str, Any]:
+    """The crops of both sources, and the two kernels (each writing into one output buffer)."""
     import cv2
 
     try:
         from fastfeed import _resize
     except ImportError:
-        log("fastfeed._resize is not built (`pip install -e .` with a C compiler builds it): nothing to compare")
-        return 1
+        raise SystemExit("[bench] fastfeed._resize is not built (`pip install -e .` with a C compiler builds it): "
+                         "nothing to compare") from None
     cv2.setNumThreads(1)
     dst = np.empty((OUT, OUT, 3), np.uint8)
 
@@ -116,30 +111,48 @@ def main(argv: list[str] | None = None) -> int:
     def ext(c: np.ndarray) -> None:
         _resize.resize(c, dst, True)
 
-    views = _views(_dataset(args.images, args.max_side, args.source), 0)
+    views = _views(_dataset(ctx.args.images, ctx.args.max_side, ctx.args.source), 0)
     boxes = _boxes(views, 1)
     hot_img = views[0]
-    hot = [hot_img] * len(views)
     hot_boxes = [(0, 0, min(h, hot_img.shape[0]), min(w, hot_img.shape[1])) for _, _, h, w in boxes]
+    return {"sources": {"page-cache": (views, boxes), "hot": ([hot_img] * len(views), hot_boxes)},
+            "kernels": {"opencv": opencv, "fastfeed._resize": ext}, "simd": _resize.simd(),
+            "cv2": cv2.__version__, "images": len(views)}
+
+
+def run_point(point: Point, ctx: Context) -> float:
+    """One pass of one kernel over one source's crops."""
+    views, boxes = ctx.data["sources"][point["source"]]
+    return _time(ctx.data["kernels"][point["kernel"]], views, boxes)
+
+
+def report(rows: list[tuple[Point, float]], ctx: Context) -> dict[str, Any]:
+    """Median microseconds per crop of the passes, and opencv / fastfeed._resize per source."""
     runs: dict[str, list[float]] = {}
-    for _ in range(args.repeat):
-        for src, vs, bs in (("page-cache", views, boxes), ("hot", hot, hot_boxes)):
-            for name, fn in (("opencv", opencv), ("fastfeed._resize", ext)):
-                runs.setdefault(f"{src} {name}", []).append(_time(fn, vs, bs))
-    env = environment()
-    print(f"\n== resize_kernel: {len(views)} crops -> {OUT}x{OUT} + flip, one core, {_resize.simd()}, "
-          f"OpenCV {cv2.__version__}, {env['cpu']}")
+    for pt, us in rows:
+        runs.setdefault(f"{pt['source']} {pt['kernel']}", []).append(us)
+    print(f"\n== resize_kernel: {ctx.data['images']} crops -> {OUT}x{OUT} + flip, one core, {ctx.data['simd']}, "
+          f"OpenCV {ctx.data['cv2']}, {ctx.env['cpu']}")
     med = {k: statistics.median(v) for k, v in runs.items()}
     for k, v in med.items():
         print(f"  {k:28s} {v:7.1f} us per crop  (runs {', '.join(f'{x:.1f}' for x in runs[k])})")
-    ratios = {src: med[f"{src} opencv"] / med[f"{src} fastfeed._resize"] for src in ("page-cache", "hot")}
+    ratios = {src: med[f"{src} opencv"] / med[f"{src} fastfeed._resize"] for src in ctx.grid["source"]
+              if f"{src} opencv" in med and f"{src} fastfeed._resize" in med}
     for src, r in ratios.items():
         print(f"  {src}: fastfeed._resize {r:.2f}x OpenCV")
-    if args.json:
-        args.json.write_text(json.dumps({"us_per_crop": med, "runs": runs, "ratios": ratios, "env": env,
-                                         "simd": _resize.simd(), "images": len(views)}, indent=1))
-    return 0
+    return {"us_per_crop": med, "runs": runs, "ratios": ratios, "env": ctx.env, "simd": ctx.data["simd"],
+            "images": ctx.data["images"]}
 
+
+BENCHMARK = Benchmark(
+    name="resize_kernel", doc=__doc__, options=options, prepare=prepare, run_point=run_point, report=report,
+    needs=("cv2",), repeat=3,
+    grid=(REPEAT, Axis("source", ("page-cache", "hot"), help="where the pixels come from"),
+          Axis("kernel", ("opencv", "fastfeed._resize"), help="the bilinear resize + flip")),
+    quick={"images": 300, "repeat": 1},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

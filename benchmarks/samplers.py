@@ -28,25 +28,31 @@ repeat <= 1%, |rho| <= 0.2.
 
 Usage:
     .venv/bin/python benchmarks/samplers.py [--n 1000000] [--plan-n 10000000] [--json out.json]
+    .venv/bin/python benchmarks/samplers.py --grid world_size=8 --grid sampler=ff-bucket,ds-fixed
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import math
 import sys
 import sysconfig
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fastfeed.sampling.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats
-from fastfeed.sampling.costmodel import CostModel
-from fastfeed.sampling.steps import CostFn, Plan
-from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fastfeed.sampling.balance import co_batch_repeat_rate, distributed_sampler_batches, epoch_stats  # noqa: E402
+from fastfeed.sampling.costmodel import CostModel  # noqa: E402
+from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler  # noqa: E402
+from fastfeed.sampling.steps import CostFn, Plan  # noqa: E402
+
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context, Point  # noqa: E402
 
 BATCH = 16          # fixed batch size per rank
 BUDGET = 16384      # padded tokens per batch (token budget)
@@ -162,7 +168,6 @@ def fairseq_batch_by_size(lengths: np.ndarray, W: int, max_tokens: int, epoch: i
     return plan_from_batches(lengths, [batches[k] for k in order], W)
 
 
-# ----------------------------------------------------------------------------- measuring
 def spearman_step_vs_length(plan: Plan) -> float:
     n, _, s1, _ = plan.features()
     mean = (s1.sum(axis=1) / np.maximum(n.sum(axis=1), 1))[plan.order]
@@ -175,12 +180,13 @@ def spearman_step_vs_length(plan: Plan) -> float:
     return float(np.corrcoef(np.arange(mean.shape[0]), r2)[0, 1])
 
 
-def measure(name: str, make: Callable[[int], Plan], lengths: np.ndarray) -> dict[str, Any]:
+def sampler_row(name: str, make: Callable[[int], Plan], lengths: np.ndarray) -> dict[str, Any]:
+    """One sampler's figures on one corpus and world size (epochs 0 and 1 planned)."""
     if isinstance(make, _Planner):
         make(1)  # builds the sampler and resolves its jitter (timed apart: "jitter" columns)
-    t0 = time.perf_counter()
-    p0 = make(0)
-    plan_s = time.perf_counter() - t0
+    with Stopwatch() as took:
+        p0 = make(0)
+    plan_s = took.wall
     p1 = make(1)
     n, mx, s1, _ = p0.features()
     row: dict[str, Any] = {"sampler": name, "plan_s": plan_s}
@@ -202,18 +208,21 @@ class _Planner:
     resolves (``jitter="auto"`` measures plans) is timed apart from the epoch's plan."""
 
     def __init__(self, build: Callable[[], Any]) -> None:
-        self.build, self.sampler, self.info = build, None, {}
+        self.build: Callable[[], Any] = build
+        self.sampler: Any = None
+        self.info: dict[str, Any] = {}
 
     def __call__(self, e: int) -> Plan:
         if self.sampler is None:
             self.sampler = self.build()
-            t0 = time.perf_counter()
-            jitter = self.sampler.jitter
-            self.info = {"jitter": jitter, "jitter_s": time.perf_counter() - t0}
+            with Stopwatch() as took:
+                jitter = self.sampler.jitter
+            self.info = {"jitter": jitter, "jitter_s": took.wall}
         return self.sampler.epoch_plan(e)
 
 
-def samplers_for(lengths: np.ndarray, W: int, tokens: int = BUDGET) -> list[tuple[str, Callable[[int], Plan]]]:
+def samplers_for(lengths: np.ndarray, W: int, tokens: int = BUDGET) -> dict[str, tuple[str, Callable[[int], Plan]]]:
+    """Every sampler of :data:`SAMPLERS`: key -> (its name in the table, ``make(epoch) -> Plan``)."""
     ff_bucket = _Planner(lambda: DistributedLengthBucketSampler(lengths, batch_size=BATCH, num_replicas=W, rank=0,
                                                                 jitter=JITTER))
 
@@ -225,87 +234,126 @@ def samplers_for(lengths: np.ndarray, W: int, tokens: int = BUDGET) -> list[tupl
                                                               rank=0, jitter=JITTER))
 
     same_tokens = max(1, round(tokens * 0.97 / float(lengths.max())))  # fixed batch that never exceeds the budget
-    return [
-        (f"fastfeed bucket B={BATCH}", ff_bucket),
-        (f"fastfeed budget tokens {tokens}", ff_budget("tokens")),
-        (f"fastfeed budget attention {tokens}", ff_budget("attention")),
-        (f"fastfeed budget varlen {tokens}", ff_budget("varlen")),
-        (f"DistributedSampler B={BATCH}", lambda e: distributed_sampler(lengths, W, BATCH, e)),
-        (f"DistributedSampler B={same_tokens} (fits {tokens})", lambda e: distributed_sampler(lengths, W, same_tokens, e)),
-        (f"HF megabatch B={BATCH} (re-impl)", lambda e: hf_megabatch(lengths, W, BATCH, e)),
-        (f"fairseq batch_by_size {tokens} (re-impl)", lambda e: fairseq_batch_by_size(lengths, W, tokens, e)),
-    ]
+    return {
+        "ff-bucket": (f"fastfeed bucket B={BATCH}", ff_bucket),
+        "ff-tokens": (f"fastfeed budget tokens {tokens}", ff_budget("tokens")),
+        "ff-attention": (f"fastfeed budget attention {tokens}", ff_budget("attention")),
+        "ff-varlen": (f"fastfeed budget varlen {tokens}", ff_budget("varlen")),
+        "ds-fixed": (f"DistributedSampler B={BATCH}", lambda e: distributed_sampler(lengths, W, BATCH, e)),
+        "ds-fits": (f"DistributedSampler B={same_tokens} (fits {tokens})",
+                    lambda e: distributed_sampler(lengths, W, same_tokens, e)),
+        "hf-megabatch": (f"HF megabatch B={BATCH} (re-impl)", lambda e: hf_megabatch(lengths, W, BATCH, e)),
+        "fairseq": (f"fairseq batch_by_size {tokens} (re-impl)",
+                    lambda e: fairseq_batch_by_size(lengths, W, tokens, e)),
+    }
 
 
-def plan_time(n: int, W: int) -> dict[str, float]:
+def plan_time(n: int, W: int) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds to plan one epoch of ``n`` lengths at world size ``W``, best of 3."""
     lengths = lognormal(n, seed=1)
+    world = {"num_replicas": W, "rank": 0}
     out = {}
-    for name, make in (("bucket", lambda: DistributedLengthBucketSampler(lengths, batch_size=BATCH, num_replicas=W, rank=0)),
-                       ("budget tokens", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET, num_replicas=W, rank=0)),
-                       ("budget attention", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET, cost="attention", num_replicas=W, rank=0)),
-                       ("budget varlen", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET, cost="varlen", num_replicas=W, rank=0))):
+    for name, make in (("bucket", lambda: DistributedLengthBucketSampler(lengths, batch_size=BATCH, **world)),
+                       ("budget tokens", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET, **world)),
+                       ("budget attention", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET,
+                                                                                  cost="attention", **world)),
+                       ("budget varlen", lambda: DistributedTokenBudgetSampler(lengths, max_cost=BUDGET, cost="varlen",
+                                                                               **world))):
         s = make()
         best = []
         for e in range(3):  # best of 3 epochs: the machine is shared
             s.set_epoch(e)
             s._cached = None
-            t0, c0 = time.perf_counter(), time.process_time()
-            len(s)  # plans the epoch and extracts this rank's batches
-            best.append((time.perf_counter() - t0, time.process_time() - c0))
+            with Stopwatch() as took:
+                len(s)  # plans the epoch and extracts this rank's batches
+            best.append((took.wall, took.cpu))
         out[name] = min(best)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# ----------------------------------------------------------------------------- the grid
+#: the corpora: name -> (lengths of ``n`` samples, or of the real corpus; the token budget in their unit)
+#: (the stdlib corpus is small, ~86k blocks of mean ~30 tokens: a 2048-token budget keeps enough steps
+#: per epoch at 64 ranks for the figures to mean something)
+DISTRIBUTIONS: dict[str, tuple[Callable[[int], np.ndarray], int]] = {
+    "lognormal(5,1)[16,1024]": (lognormal, BUDGET),
+    "python-stdlib tokens": (lambda n: stdlib_tokens(), 2048),
+    "bimodal 64/900": (bimodal, BUDGET),
+    f"zipf tail to {BUDGET}": (zipf_tail, BUDGET),
+    "python-all tokens": (lambda n: python_tokens(), 2048),
+}
+SAMPLERS = ("ff-bucket", "ff-tokens", "ff-attention", "ff-varlen", "ds-fixed", "ds-fits", "hf-megabatch", "fairseq")
+
+
+@functools.lru_cache(maxsize=1)
+def _lengths(dist: str, n: int) -> np.ndarray:
+    return DISTRIBUTIONS[dist][0](n)
+
+
+def options(ap: argparse.ArgumentParser) -> None:
+    """Corpus sizes, the jitter, which distributions and samplers."""
     ap.add_argument("--n", type=int, default=1_000_000, help="samples per synthetic distribution")
     ap.add_argument("--plan-n", type=int, default=10_000_000, help="samples for the planning-time figure")
-    ap.add_argument("--world-sizes", default="8,64")
-    ap.add_argument("--only", default=None, help="comma list of distributions")
-    ap.add_argument("--json", default=None, help="write all rows here")
+    ap.add_argument("--only", default=None, help="comma list of distributions (a part of their names)")
     ap.add_argument("--jitter", type=lambda v: v if v == "auto" else float(v), default="auto",
                     help="fastfeed samplers' jitter: 'auto' (their default: measured per corpus) or a number")
     ap.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True)
-    args = ap.parse_args(argv)
+
+
+def skip(point: Point, ctx: Context) -> str | None:
+    """Distributions not named by ``--only``; the baselines with ``--no-baselines``."""
+    only = ctx.args.only
+    if only and not any(o in point["distribution"] for o in only.split(",")):
+        return f"{point['distribution']}: not in --only"
+    if not ctx.args.baselines and not point["sampler"].startswith("ff-"):
+        return "--no-baselines: fastfeed's samplers only"
+    return None
+
+
+def run_point(point: Point, ctx: Context) -> dict[str, Any]:
+    """One sampler's epoch plans on one corpus at one world size."""
     global JITTER
-    JITTER = args.jitter
-    # the stdlib corpus is small (~86k blocks, mean ~30 tokens): a 2048-token budget keeps
-    # enough steps per epoch at 64 ranks for the figures to mean something
-    dists = {"lognormal(5,1)[16,1024]": lambda: lognormal(args.n), "python-stdlib tokens": stdlib_tokens,
-             "bimodal 64/900": lambda: bimodal(args.n), f"zipf tail to {BUDGET}": lambda: zipf_tail(args.n),
-             "python-all tokens": python_tokens}
-    budgets = {"python-stdlib tokens": 2048, "python-all tokens": 2048}
-    if args.only:
-        dists = {k: v for k, v in dists.items() if any(o in k for o in args.only.split(","))}
-    rows = []
-    for dname, gen in dists.items():
-        lengths = gen()
-        for W in [int(w) for w in args.world_sizes.split(",")]:
-            print(f"\n== {dname}: N={lengths.shape[0]:,}, mean length {lengths.mean():.0f}, world size {W}", flush=True)
-            print(f"{'sampler':<44}{'steps':>7}{'batch':>7}{'padding':>9}{'strag tok':>10}{'strag att':>10}"
-                  f"{'wait tok':>9}{'repeat':>8}{'rep pairs':>10}{'rho':>7}{'plan s':>8}{'jitter':>8}{'auto s':>8}")
-            for name, make in samplers_for(lengths, W, budgets.get(dname, BUDGET)):
-                if not args.baselines and not name.startswith("fastfeed"):
-                    continue
-                r = measure(name, make, lengths)
-                r.update(distribution=dname, world_size=W, n=int(lengths.shape[0]))
-                rows.append(r)
-                print(f"{name:<44}{r['steps']:>7}{r['batch']:>7.1f}{r['padding']:>9.3f}{r['straggler_tokens']:>10.3f}"
-                      f"{r['straggler_attention']:>10.3f}{r['wait_tokens']:>9.1%}{r['repeat_sample']:>8.2%}"
-                      f"{r['repeat_pairs']:>10.2%}{r['rho']:>7.2f}{r['plan_s']:>8.2f}"
-                      + (f"{r['jitter']:>8.2f}{r['jitter_s']:>8.2f}" if "jitter" in r else ""), flush=True)
+    JITTER = ctx.args.jitter
+    dist, W = point["distribution"], point["world_size"]
+    lengths = _lengths(dist, ctx.args.n)
+    first = [s for s in ctx.grid["sampler"] if skip({**point, "sampler": s}, ctx) is None][:1]
+    if [point["sampler"]] == first:
+        print(f"\n== {dist}: N={lengths.shape[0]:,}, mean length {lengths.mean():.0f}, world size {W}", flush=True)
+        print(f"{'sampler':<44}{'steps':>7}{'batch':>7}{'padding':>9}{'strag tok':>10}{'strag att':>10}"
+              f"{'wait tok':>9}{'repeat':>8}{'rep pairs':>10}{'rho':>7}{'plan s':>8}{'jitter':>8}{'auto s':>8}")
+    name, make = samplers_for(lengths, W, DISTRIBUTIONS[dist][1])[point["sampler"]]
+    r = sampler_row(name, make, lengths)
+    r.update(distribution=dist, world_size=W, n=int(lengths.shape[0]))
+    print(f"{name:<44}{r['steps']:>7}{r['batch']:>7.1f}{r['padding']:>9.3f}{r['straggler_tokens']:>10.3f}"
+          f"{r['straggler_attention']:>10.3f}{r['wait_tokens']:>9.1%}{r['repeat_sample']:>8.2%}"
+          f"{r['repeat_pairs']:>10.2%}{r['rho']:>7.2f}{r['plan_s']:>8.2f}"
+          + (f"{r['jitter']:>8.2f}{r['jitter_s']:>8.2f}" if "jitter" in r else ""), flush=True)
+    return r
+
+
+def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    """The rows (printed as they were measured), then the planning time at ``--plan-n`` lengths:
+    a measurement of its own, per world size of the grid, after the grid's points."""
+    args = ctx.args
     times = {}
     if args.plan_n:
-        for W in [int(w) for w in args.world_sizes.split(",")]:
+        for W in ctx.grid["world_size"]:
             times[W] = plan_time(args.plan_n, W)
             print(f"\nplan time, {args.plan_n:,} lengths, world size {W} (best of 3, wall / cpu s): " +
                   ", ".join(f"{k} {w:.2f}/{c:.2f}" for k, (w, c) in times[W].items()), flush=True)
-    result = {"rows": rows, "plan_time": {str(k): v for k, v in times.items()}, "n": args.n, "plan_n": args.plan_n}
-    print(json.dumps({"samplers_benchmark": {"plan_time": result["plan_time"]}}))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0
+    return {"rows": [r for _, r in rows], "plan_time": {str(k): v for k, v in times.items()}, "n": args.n,
+            "plan_n": args.plan_n}
 
+
+BENCHMARK = Benchmark(
+    name="samplers", doc=__doc__, options=options, skip=skip, run_point=run_point, report=report,
+    grid=(Axis("distribution", tuple(DISTRIBUTIONS), help="the length distributions"),
+          Axis("world_size", (8, 64), flag="--world-sizes", parse=int, help="ranks"),
+          Axis("sampler", SAMPLERS, help="fastfeed's samplers (ff-) and the baselines")),
+    quick={"n": 100_000, "plan_n": 1_000_000, "distribution": ("lognormal(5,1)[16,1024]", "python-stdlib tokens")},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -32,13 +32,19 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (device notes)
 
 import numpy as np  # noqa: E402
+
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Benchmark, Context  # noqa: E402
 
 
 def _dist_setup() -> tuple[Any, int, int, Any]:
@@ -55,20 +61,21 @@ def _dist_setup() -> tuple[Any, int, int, Any]:
 
 
 class _Timer:
-    """CUDA events on a GPU, perf_counter on CPU; ``elapsed`` in seconds, synchronised."""
+    """CUDA events on a GPU, a :class:`Stopwatch` on CPU; ``between`` in seconds, synchronised."""
 
     def __init__(self, cuda: bool) -> None:
         import torch
 
         self.cuda = cuda
         self._torch = torch
+        self._clock = Stopwatch.start()
 
     def mark(self) -> Any:
         if self.cuda:
             e = self._torch.cuda.Event(enable_timing=True)
             e.record()
             return e
-        return time.perf_counter()
+        return self._clock.elapsed()
 
     def between(self, a: Any, b: Any) -> float:
         if self.cuda:
@@ -103,12 +110,14 @@ def _batches(dl: Any, baseline: bool, epoch0: int = 0) -> Iterator[tuple[Any, An
             dl.set_epoch(epoch)
         it = iter(dl)
         while True:
-            t = time.perf_counter()
-            try:
-                b = next(it)
-            except StopIteration:
+            with Stopwatch() as waited:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    b = None
+            if b is None:
                 break
-            wait = time.perf_counter() - t
+            wait = waited.wall
             if baseline:
                 yield b[0], b[1], wait
             else:
@@ -129,15 +138,13 @@ def run_image(args: argparse.Namespace) -> dict[str, Any]:
     if args.pipeline == "imagefolder":
         dl = _baseline_loader(Path(args.data) / "folder", per_rank, workers, rank, world)
     else:
-        import fastfeed
-
         kw: dict[str, Any] = dict(batch_size=per_rank, image_size=224, drop_last=True, seed=0,
                                   rank=rank, world_size=world)
         if args.pipeline == "fastfeed-dali":
             kw.update(decode="dali", device_id=device.index if cuda else None)
         else:
-            kw.update(decode="cpu", num_workers=workers, prefetch_factor=4)
-        dl = fastfeed.loader(str(Path(args.data) / "shards"), **kw)
+            kw.update(decode="cpu", workers=workers, prefetch=4)
+        dl = fastfeed_loader(Path(args.data) / "shards", **kw)
     model = torchvision.models.resnet50(num_classes=1000).to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -147,14 +154,14 @@ def run_image(args: argparse.Namespace) -> dict[str, Any]:
     one = torch.zeros(1, device=device)
     rec: list[tuple[float, float, float, float]] = []
     stream = _batches(dl, args.pipeline == "imagefolder")
-    start = 0.0
+    clock = Stopwatch.start()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             if cuda:
                 torch.cuda.synchronize()
             dist.barrier()
             rec = []
-            start = time.perf_counter()
+            clock = Stopwatch.start()
         images, labels, wait = next(stream)
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
@@ -181,7 +188,7 @@ def run_image(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.synchronize()
     dist.barrier()
-    wall = time.perf_counter() - start
+    wall = clock.elapsed()
     arr = np.array(rec)
     mine = {"rank": rank, "data_wait_s": float(arr[:, 0].sum()), "compute_s": float(arr[:, 1].sum()),
             "straggler_s": float(arr[:, 2].sum()), "comm_s": float(arr[:, 3].sum()), "wall_s": wall}
@@ -200,8 +207,9 @@ def run_image(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_tokens(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import ddp_tokens
+    """``benchmarks/ddp_tokens.py`` at this world size, the per-rank budget scaled to a fixed global one."""
+    from benchmarks import ddp_tokens
+    from benchmarks.run import run_benchmark
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tmp = args.json + ".tokens.tmp" if args.json else f"/tmp/scaling_tokens_{world}.json"
@@ -212,7 +220,7 @@ def run_tokens(args: argparse.Namespace) -> dict[str, Any]:
             str(args.warmup), "--configs", args.configs, "--json", tmp, *args.extra]
     if args.tiny:
         argv += ["--device", "cpu", "--tiny"]
-    ddp_tokens.main(argv)
+    run_benchmark(ddp_tokens.BENCHMARK, argv)
     if int(os.environ.get("RANK", "0")) != 0:
         return {}
     rows = json.loads(Path(tmp).read_text())["ddp_tokens"]["rows"]
@@ -318,8 +326,8 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The subcommands: prepare the data, run one leg (image, tokens), summarise, read GPU clocks."""
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--source", required=True, help="folder of JPEGs in class folders")
@@ -348,23 +356,32 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("paths", nargs="+")
     c = sub.add_parser("clocks", help="summarise an nvidia-smi CSV log (the tokens stage writes one)")
     c.add_argument("path")
-    args = ap.parse_args(argv)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """One subcommand; a leg's figures on rank 0 (printed and written by the runner), else {}."""
+    args = ctx.args
     if args.cmd == "summary":
-        return summary(args.paths)
+        summary(args.paths)
+        return {}
     if args.cmd == "clocks":
-        return clocks(args.path)
+        clocks(args.path)
+        return {}
     if args.cmd == "tokens":
         args.extra = [a for a in args.extra if a != "--"]
     if args.cmd == "prepare":
-        return prepare(args)
+        prepare(args)
+        return {}
     out = run_image(args) if args.cmd == "image" else run_tokens(args)
-    if out and int(os.environ.get("RANK", "0")) == 0:
-        line = json.dumps(out)
-        print(line)
-        if args.json:
-            Path(args.json).write_text(line)
-    return 0
+    return out if out and int(os.environ.get("RANK", "0")) == 0 else {}
 
+
+BENCHMARK = Benchmark(
+    name="scaling", doc=__doc__, options=options, run=run,
+    launcher="torchrun --nproc-per-node N benchmarks/scaling.py image|tokens ...",
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

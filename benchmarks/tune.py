@@ -51,76 +51,36 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastfeed.host import cpu_count, host_info  # noqa: E402
+from fastfeed.knobs.space import Setting  # noqa: E402
 from fastfeed.packed.index import DatasetIndex  # noqa: E402
 from fastfeed.tuning.api import measure_loader, tune  # noqa: E402
-from fastfeed.knobs.space import Setting  # noqa: E402
+
+from benchmarks.lib.data import BENCH_DATA, synth_image_folder, warm  # noqa: E402
+from benchmarks.lib.measure import Stopwatch  # noqa: E402
+from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
 
 
 # ---------------------------------------------------------------------- data
-def _pack_with_writers(src: Path, dst: Path, shard_samples: int = 1000) -> None:
-    """Pack an ImageFolder with the shard writers (used when fastfeed.pack is absent)."""
-    from fastfeed.formats import FORMATS
-    from fastfeed.packed.index import ShardInfo
-
-    writer_cls, _, suffix = FORMATS["tar"]
-    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
-    files = sorted((c, f) for c in classes for f in sorted((src / c).iterdir()))
-    dst.mkdir(parents=True, exist_ok=True)
-    infos, offsets, labels = [], [], []
-    for s in range(0, len(files), shard_samples):
-        name = f"shard-{s // shard_samples:06d}{suffix}"
-        w = writer_cls(dst / name)
-        chunk = files[s:s + shard_samples]
-        for c, f in chunk:
-            label = classes.index(c)
-            offsets.append(w.add(f"{c}/{f.stem}", {"jpg": f.read_bytes(), "cls": str(label).encode()}))
-            labels.append(label)
-        size, sha = w.close()
-        infos.append(ShardInfo(name, len(chunk), size, sha))
-    idx = DatasetIndex(format="tar", num_samples=len(files), shards=tuple(infos),
-                       fields=("cls", "jpg"), classes=tuple(classes), input=str(src))
-    idx.with_arrays(offsets=np.array(offsets), labels=np.array(labels)).save(dst)
-
-
 def make_dataset(root: Path, images: int, size: tuple[int, int]) -> Path:
-    """Generate the JPEGs and pack them once; later runs reuse the packed dataset."""
+    """The generated JPEGs (``bench-data/synth-N``) packed with pack's defaults once; later runs reuse it."""
     packed = root / f"packed-{images}-{size[0]}x{size[1]}"
     if DatasetIndex.exists(packed):
         return packed
-    from tools.synth import make_image_folder
+    from fastfeed.packing.api import pack
 
-    src = root / f"jpeg-{images}-{size[0]}x{size[1]}"
-    t = time.perf_counter()
-    make_image_folder(src, num_images=images, num_classes=100, size=size, vary_size=True,
-                      workers=cpu_count())
-    try:
-        from fastfeed.packing.api import pack
-    except ImportError:
-        pack = None
-    if pack is not None:
-        pack(str(src), str(packed))
-    else:
-        _pack_with_writers(src, packed)
-    print(f"dataset: {images} JPEGs {size[0]}x{size[1]} packed in {time.perf_counter() - t:.0f}s -> {packed}")
+    with Stopwatch() as took:
+        pack(str(synth_image_folder(images, size=size)), str(packed))
+    print(f"dataset: {images} JPEGs {size[0]}x{size[1]} packed in {took.wall:.0f}s -> {packed}")
     return packed
-
-
-def warm_page_cache(root: Path) -> None:
-    for p in sorted(root.iterdir()):
-        if p.is_file():
-            with open(p, "rb") as f:
-                while f.read(1 << 24):
-                    pass
 
 
 # ---------------------------------------------------------------------- measuring
@@ -135,27 +95,27 @@ def _progress(t: Any) -> None:
           f"{'' if m is None or m.steady else '  NOT STEADY: ' + m.note}", flush=True)
 
 
-def run_grid(path: Path, settings: list[Setting], state: Path, *, per_trial: float,
+def run_grid(path: Path, settings: list[Setting], state: Path, *, per_trial: float, clock: Stopwatch,
              deadline: float, common: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], bool]:
-    """Measure every setting not yet in ``state``; returns (results, complete)."""
+    """Measure every setting not yet in ``state`` (until ``clock`` passes ``deadline``); (results, complete)."""
     done: dict[str, dict[str, Any]] = json.loads(state.read_text()) if state.exists() else {}
     for i, s in enumerate(settings):
         if _key(s) in done:
             continue
-        if time.monotonic() > deadline:
+        if clock.elapsed() > deadline:
             return done, False
-        t = time.monotonic()
-        m = measure_loader(path, s, seconds=per_trial, **common)
+        with Stopwatch() as took:
+            m = measure_loader(path, s, seconds=per_trial, **common)
         done[_key(s)] = {"workers": s.num_workers, "prefetch": s.prefetch_factor or 0,
                          "rate": m.samples_per_s, "p10": m.p10_samples_per_s,
                          "p90": m.p90_samples_per_s, "steady": m.steady, "note": m.note,
                          "startup_s": m.startup_s, "warmup_batches": m.warmup_batches,
-                         "steady_batches": m.batches, "seconds": time.monotonic() - t}
+                         "steady_batches": m.batches, "seconds": took.wall}
         state.write_text(json.dumps(done, indent=1))
         flag = "" if m.steady else f"  NOT STEADY ({m.note})"
         print(f"  grid {i + 1}/{len(settings)} {s.label}: {m.samples_per_s:,.0f} samples/s "
               f"(p10..p90 {m.p10_samples_per_s:,.0f}..{m.p90_samples_per_s:,.0f}, start-up "
-              f"{m.startup_s:.1f}s, {m.batches} steady batches, {time.monotonic() - t:.1f}s){flag}", flush=True)
+              f"{m.startup_s:.1f}s, {m.batches} steady batches, {took.wall:.1f}s){flag}", flush=True)
     return done, True
 
 
@@ -179,10 +139,10 @@ def confirm(path: Path, settings: dict[str, Setting], rounds: int, per_trial: fl
     return {k: float(np.median(v)) for k, v in rates.items()}, rates
 
 
-# ---------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=REPO / "bench-data" / "tune")
+# ---------------------------------------------------------------------- the run
+def options(ap: argparse.ArgumentParser) -> None:
+    """The data, the batch shape, the times; the grid's workers (its prefetch factors: the grid axis)."""
+    ap.add_argument("--data", type=Path, default=BENCH_DATA / "tune")
     ap.add_argument("--images", type=int, default=None, help="JPEGs (default 1500 x cores, >= 3000)")
     ap.add_argument("--size", default="500x375", help="JPEG size WxH (varied +-25%%)")
     ap.add_argument("--batch-size", type=int, default=64)
@@ -193,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="tune's time budget, its confirmation included (default: 30 x per-trial)")
     ap.add_argument("--max-workers", type=int, default=None,
                     help="grid and tune cap (default 1.5 x cores, at least 4)")
-    ap.add_argument("--prefetch", default="1,2,4,8", help="grid prefetch factors")
     ap.add_argument("--confirm", type=int, default=3, help="interleaved re-measurement rounds")
     ap.add_argument("--confirm-scale", type=float, default=1.5,
                     help="confirmation trials are this many times --per-trial")
@@ -202,22 +161,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", type=Path, default=None, help="grid results file")
     ap.add_argument("--resume", action="store_true",
                     help="continue the grid saved in --state (default: measure it afresh)")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = ap.parse_args(argv)
-    start = time.monotonic()
+
+
+def prepare(ctx: Context) -> dict[str, Any]:
+    """The packed dataset, in the page cache; the run's clock (``--deadline`` counts from here)."""
+    clock = Stopwatch.start()
+    args = ctx.args
     w, h = (int(x) for x in args.size.lower().split("x"))
     args.data.mkdir(parents=True, exist_ok=True)
-    cores = cpu_count()
-    images = args.images if args.images is not None else max(3000, 1500 * cores)
+    images = args.images if args.images is not None else max(3000, 1500 * cpu_count())
     path = make_dataset(args.data, images, (w, h))
-    warm_page_cache(path)
+    warm(path)
+    return {"path": path, "images": images, "clock": clock}
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """tune, the exhaustive grid, the confirmation round, the goals."""
+    args = ctx.args
+    cores = cpu_count()
+    path, images, clock = ctx.data["path"], ctx.data["images"], ctx.data["clock"]
     cap = args.max_workers if args.max_workers is not None else max(4, 3 * cores // 2)
-    prefetch = [int(p) for p in args.prefetch.split(",")]
+    prefetch = list(ctx.grid["prefetch"])
     common: dict[str, Any] = {"batch_size": args.batch_size, "image_size": args.image_size, "decode": "cpu"}
     host = host_info()
     print(f"host: {cores} cores, {host.memory_gib} GiB, {host.cpu_model}; load average "
           f"{os.getloadavg()[0]:.1f}; batch {args.batch_size}, image_size {args.image_size}, "
-          f"{images} images, {args.per_trial}s per setting, workers 0..{cap}, prefetch {args.prefetch}")
+          f"{images} images, {args.per_trial}s per setting, workers 0..{cap}, prefetch {','.join(map(str, prefetch))}")
 
     # 1. tune (not stored: the benchmark must not change what loader(num_workers="auto") does)
     budget = args.budget or 30 * args.per_trial
@@ -232,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.resume:
         state.unlink(missing_ok=True)
     grid, complete = run_grid(path, settings, state, per_trial=args.per_trial,
-                              deadline=start + args.deadline, common=common)
+                              clock=clock, deadline=args.deadline, common=common)
     if not complete:
         print(f"grid incomplete ({len(grid)}/{len(settings)} settings, saved in {state}); "
               "run the same command again with --resume to continue")
-        return 3
+        return {"grid_incomplete": {"settings": len(grid), "of": len(settings), "state": str(state)}, "exit_code": 3}
     ranking = grid_ranking(grid)
     grid_best, grid_2nd = ranking[0], ranking[1] if len(ranking) > 1 else ranking[0]
     g = grid[_key(grid_best)]
@@ -254,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "host": host.to_json(),
         "python": platform.python_version(),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: str(v) for k, v in vars(args).items() if k != "point"},
         "images": images,
         "max_workers": cap,
         "tuned": tuned.setting.loader_kwargs(),
@@ -279,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "grid_measuring_s": grid_s,
         "grid": grid,
         "tune_trials": tuned.to_json()["trials"],
-        "total_s": time.monotonic() - start,
+        "total_s": clock.elapsed(),
     }
     goals = [
         ("tuned >= 95% of the grid's best", figures["tuned_vs_grid_best"] >= 0.95,
@@ -300,11 +269,19 @@ def main(argv: list[str] | None = None) -> int:
         print("  note: tune chose num_workers=0 (workers did not help on this machine now); the "
               "third ratio compares a setting with itself and shows the run-to-run noise")
     figures["goals"] = {name: ok for name, ok, _ in goals}
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
-    print(f"total {time.monotonic() - start:.0f}s; load average now {os.getloadavg()[0]:.1f}")
-    return 0 if all(ok for _, ok, _ in goals) else 1
+    print(f"total {clock.elapsed():.0f}s; load average now {os.getloadavg()[0]:.1f}")
+    figures["exit_code"] = 0 if all(ok for _, ok, _ in goals) else 1
+    return figures
 
+
+BENCHMARK = Benchmark(
+    name="tune", doc=__doc__, options=options, prepare=prepare, run=run,
+    grid=(Axis("prefetch", (1, 2, 4, 8), choices=tuple(range(1, 65)), flag="--prefetch", parse=int,
+               help="grid prefetch factors (the workers: 0 .. --max-workers)"),),
+    quick={"per_trial": 1.0, "max_workers": 3, "prefetch": (1, 2), "confirm": 2},
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.run import main
+
+    sys.exit(main([BENCHMARK.name, *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 """Text data of the text benchmarks (issue 19): a parquet corpus, a BPE tokenizer, both packs.
 
-Used by ``pack_text.py`` and ``loader_text.py``; everything is made at run time under
+Used by ``benchmarks/pack_text.py`` and ``benchmarks/loader_text.py``; everything is made at run time under
 ``bench-data/`` (no download) and reused while its recipe is unchanged:
 
 - :func:`text_parquet`: ``text-<rows>.parquet``, columns ``id`` (string) and ``text``.
@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import BENCH_DATA, _publish, _ready, log  # noqa: E402
+from benchmarks.lib.data import BENCH_DATA, publish, recipe_ready
+from benchmarks.lib.report import log
 
 __all__ = ["TEXT_RECIPE", "fastfeed_pack", "hf_save", "hf_tokenizer", "text_parquet", "text_tokenizer"]
 
@@ -103,7 +101,7 @@ def text_parquet(rows: int) -> Path:
 
     recipe = {"kind": "text-parquet", "rows": rows, **TEXT_RECIPE}
     path = BENCH_DATA / f"text-{rows}.parquet"
-    if _ready(path, recipe):
+    if recipe_ready(path, recipe):
         return path
     BENCH_DATA.mkdir(parents=True, exist_ok=True)
     docs = _documents(rows, TEXT_RECIPE["seed"])
@@ -111,7 +109,7 @@ def text_parquet(rows: int) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp, row_group_size=TEXT_RECIPE["row_group"])
     log(f"wrote {path.name}: {rows} rows, {tmp.stat().st_size / 1e6:.0f} MB")
-    return _publish(tmp, path, recipe)
+    return publish(tmp, path, recipe)
 
 
 def text_tokenizer(parquet: Path) -> Path:
@@ -122,7 +120,7 @@ def text_tokenizer(parquet: Path) -> Path:
     r = TOKENIZER_RECIPE
     recipe = {"kind": "tokenizer", "source": parquet.name, **r}
     path = BENCH_DATA / f"{parquet.stem}-bpe{r['vocab_size']}.json"
-    if _ready(path, recipe):
+    if recipe_ready(path, recipe):
         return path
     texts = pq.read_table(parquet, columns=["text"]).column("text").to_pylist()[: r["train_docs"]]
     tok = Tokenizer(models.BPE())
@@ -133,7 +131,7 @@ def text_tokenizer(parquet: Path) -> Path:
     tok.train_from_iterator(texts, trainer=trainer)
     tmp = path.with_name(path.name + ".tmp")
     tok.save(str(tmp))
-    return _publish(tmp, path, recipe)
+    return publish(tmp, path, recipe)
 
 
 def hf_tokenizer(tok_json: Path) -> Any:
@@ -174,24 +172,24 @@ def fastfeed_pack(parquet: Path, tok_json: Path) -> Path:
     """The fastfeed pack of ``parquet`` for the loader benchmark, made once."""
     recipe = {"kind": "ff-text", "parquet": parquet.name, "tokenizer": tok_json.name}
     out = parquet.with_name(parquet.stem + ".ff")
-    if _ready(out, recipe):
+    if recipe_ready(out, recipe):
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if fastfeed_pack_to(parquet, tok_json, tmp, "auto") != 0:
         raise SystemExit(f"fastfeed pack {parquet} failed")
-    return _publish(tmp, out, recipe)
+    return publish(tmp, out, recipe)
 
 
 def hf_save(parquet: Path, tok_json: Path) -> Path:
     """The HF ``save_to_disk`` folder of ``parquet`` for the loader benchmark, made once."""
     recipe = {"kind": "hf-text", "parquet": parquet.name, "tokenizer": tok_json.name}
     out = parquet.with_name(parquet.stem + ".hf")
-    if _ready(out, recipe):
+    if recipe_ready(out, recipe):
         return out
     tmp = out.with_name(out.name + ".tmp")
     cache = out.with_name(out.name + ".cache")
     shutil.rmtree(tmp, ignore_errors=True)
     hf_save_to(parquet, tok_json, tmp, os.cpu_count() or 1, cache)
     shutil.rmtree(cache, ignore_errors=True)
-    return _publish(tmp, out, recipe)
+    return publish(tmp, out, recipe)
