@@ -59,10 +59,10 @@ tokens)
       -lms 500 > "$OUT/tokens_gpu.csv" 2>/dev/null & SMI=$!
   fi
   torchrun --nproc-per-node 2 benchmarks/ddp_tokens.py --steps ${TOKEN_STEPS:-120} --json "$OUT/ddp_tokens.json" \
-      ${TOKEN_ARGS:-} 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^{\"ddp_tokens" | tee "$OUT/ddp_tokens.log"
+      ${TOKEN_ARGS:-} 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^RESULT" | tee "$OUT/ddp_tokens.log"
   if [ "${TOKEN_SCALING:-1}" != 0 ]; then
     torchrun --nproc-per-node 1 benchmarks/scaling.py tokens --global-budget 32768 --steps ${TOKEN_SCALING_STEPS:-60} \
-      --json "$OUT/scaltok_1.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^{" | tee "$OUT/scaltok_1.log" | tail -12
+      --json "$OUT/scaltok_1.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\|^{\|^RESULT" | tee "$OUT/scaltok_1.log" | tail -12
     python3 benchmarks/scaling.py summary "$OUT/scaltok_1.json" "$OUT/ddp_tokens.json" 2>&1 | tee "$OUT/scaling_tokens.txt"
   fi
   if [ -n "$SMI" ]; then kill "$SMI"; python3 benchmarks/scaling.py clocks "$OUT/tokens_gpu.csv" | tee "$OUT/tokens_gpu.txt"; fi ;;
