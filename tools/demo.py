@@ -162,7 +162,7 @@ def load_epoch(demo: Demo) -> None:
 
     bs, size = demo.notes.get("batch_size", 64), demo.notes.get("image_size", 224)
     dl = fastfeed.loader(demo.dst, batch_size=bs, image_size=size, num_workers="auto",
-                         prefetch_factor="auto", seed=0)
+                         workers=fastfeed.Workers(prefetch_factor="auto"), seed=0)
     dl.set_epoch(0)
     print(f">>> fastfeed.loader({str(demo.dst)!r}, batch_size={bs}, image_size={size})"
           f"  # -> {len(dl)} batches, num_workers={dl.num_workers}")
