@@ -494,7 +494,8 @@ class LoaderOptions:
 
 
 #: The flat keywords of ``loader()`` (its groups excluded), in order.
-FLAT: tuple[str, ...] = tuple(f.name for f, _ in specs(LoaderOptions) if f.name not in GROUPS)
+_FLAT_SPECS = tuple((f, spec) for f, spec in specs(LoaderOptions) if f.name not in GROUPS)
+FLAT: tuple[str, ...] = tuple(f.name for f, _ in _FLAT_SPECS)
 #: Former flat spellings: old ``loader()`` keyword -> (group keyword, field).
 LEGACY: dict[str, tuple[str, str]] = {
     (spec.legacy or f.name): (key, f.name) for key, cls in GROUPS.items() for f, spec in specs(cls)}
@@ -518,6 +519,7 @@ DALI_REFUSES: dict[str, tuple[tuple[Any, ...], str]] = _dali_rule("refuse")
 DALI_MEETS: dict[str, str] = _dali_rule("meets")
 #: Options only ``decode="dali"`` takes (the fields of :class:`Dali`), and what they are.
 DALI_ONLY: dict[str, str] = {f.name: spec.doc for f, spec in specs(Dali)}
+_DALI_CHECKS: dict[str, Any] = {f.name: spec.check for f, spec in specs(Dali)}
 _KNOBS = ("num_threads", "hw_decoder_load", "prefetch_queue_depth", "num_pipelines")
 
 
@@ -566,7 +568,7 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         raise ConfigError(f"{'=, '.join(given)}= describe the datasets; pass them as loader([fastfeed.Source(path, "
                           "weight=, subset=, filter=), ...])")
     groups = _groups(kwargs, legacy, stacklevel=_stacklevel + 1)
-    args: dict[str, Any] = {**{f.name: f.default for f, _ in specs(LoaderOptions) if f.name not in GROUPS},
+    args: dict[str, Any] = {**{f.name: f.default for f, _ in _FLAT_SPECS},
                             "rank": None, "world_size": None, **kwargs, **groups}
     args.update(text_settings(args))  # seq_len, batch_sampler (and batch_size, rank, world_size from it)
     if args.get("batch_size") is None:
@@ -587,9 +589,9 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         raise ConfigError(f"{shown}: option(s) of decode='dali' ({DALI_ONLY[first]}), not decode={decode!r}; "
                           "pass decode='dali' or drop them")
     rank, world_size = resolve_world(args["rank"], args["world_size"])
-    for name, spec in ((f.name, s) for f, s in specs(LoaderOptions) if f.name not in GROUPS):
-        if spec.check is not None and name not in ("rank", "world_size"):
-            args[name] = spec.check(args[name], name)
+    for f, spec in _FLAT_SPECS:
+        if spec.check is not None and f.name not in ("rank", "world_size"):
+            args[f.name] = spec.check(args[f.name], f.name)
     args.update(batch_size=_int("batch_size", args["batch_size"], 1), rank=rank, world_size=world_size,
                 image_size=normalize_image_size(args["image_size"]))
     return LoaderOptions(**args)
@@ -691,8 +693,7 @@ def check_dali_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
         >>> check_dali_knobs({"num_threads": 4, "hw_decoder_load": None})
         {'num_threads': 4, 'hw_decoder_load': 'auto'}
     """
-    checks = {f.name: spec.check for f, spec in specs(Dali)}
-    return {name: checks[name](value, name) for name, value in knobs.items()}  # type: ignore[misc]
+    return {name: _DALI_CHECKS[name](value, name) for name, value in knobs.items()}
 
 
 def as_sources(path_or_url: Any, *, weights: Any = None, subset: Any = None, filter: Any = None
