@@ -64,9 +64,9 @@ from fastfeed.host import cpu_count  # noqa: E402
 from benchmarks.lib.data import (  # noqa: E402
     cached_fraction, evict, pack_once, replicated_sample, synth_image_folder, tree_bytes, warm,
 )
-from benchmarks.lib.measure import measure_source, measurement_from_json  # noqa: E402
+from benchmarks.lib.measure import measure_source  # noqa: E402
 from benchmarks.lib.peers import BUILDERS, Setup, samples_per_shard, write_beton  # noqa: E402
-from benchmarks.lib.report import Result, print_report  # noqa: E402
+from benchmarks.lib.report import measured_line, print_report, results_of  # noqa: E402
 from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 # the ImageFolder goal holds against both of its variants (PIL, torchvision.io)
@@ -116,10 +116,6 @@ def prepare(ctx: Context) -> dict[str, Path]:
     return data
 
 
-def _data(ctx: Context, kind: str) -> dict[str, Path]:
-    return {k.split(":", 1)[1]: v for k, v in ctx.data.items() if k.startswith(f"{kind}:")}
-
-
 def skip(point: Point, ctx: Context) -> str | None:
     """Peers not installed here; the fallback peers are measured warm only (they are CPU-bound)."""
     name = point["peer"]
@@ -136,7 +132,7 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
     for module in HIDDEN.get(name, ()):
         sys.modules[module] = None  # type: ignore[assignment]  # import blocked: ImportError
     builder, _ = BUILDERS[name]
-    built = builder(_data(ctx, point["dataset"]), Setup(workers=args.workers, batch_size=args.batch_size,
+    built = builder(ctx.data_of(point["dataset"]), Setup(workers=args.workers, batch_size=args.batch_size,
                                                          prefetch=args.prefetch))
     if cache == "warm":
         warm(*built.files)
@@ -159,32 +155,19 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
     return {"measurement": m.to_json(with_times=True), "cpu_s_per_img": cpu, "what": built.what, "check": check}
 
 
-def progress(point: Point, row: dict[str, Any]) -> str:
-    """The measurement's figures in one line."""
-    m, cpu = measurement_from_json(row["measurement"]), row["cpu_s_per_img"]
-    eff = f"{1 / cpu:,.0f} img/cpu-s" if cpu else "no steady CPU figure"
-    return (f"{m.samples_per_s:,.0f} img/s (p10 {m.p10_samples_per_s:,.0f}, p90 {m.p90_samples_per_s:,.0f}, "
-            f"{m.batches} batches, start-up {m.startup_s:.1f} s), {eff}, checks {row['check']}")
-
-
 def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
     """One dataset's table and ratios (wall clock and per CPU-second), goals marked."""
     args = ctx.args
     kind = rows[0][0]["dataset"] if rows else "?"
-    data = _data(ctx, kind)
-    results: dict[tuple[str, str], Result] = {}
-    for pt, got in rows:
-        r = results.setdefault((pt["peer"], pt["cache"]), Result(pt["peer"], got["what"], pt["cache"]))
-        r.runs.append(measurement_from_json(got["measurement"]))
-        r.cpu_per_image.append(got["cpu_s_per_img"])
-        r.extra.setdefault("checks", []).append(got["check"])
+    data = ctx.data_of(kind)
+    results = results_of(rows, lambda pt: (pt["peer"], pt["cache"]))
     measured = {(pt["peer"], pt["cache"], pt["round"]) for pt, _ in rows}
     failed = sorted({f"{p}/{c}" for p in ctx.grid["peer"] for c in ctx.grid["cache"] for k in range(args.repeat)
                      if (p, c, k) not in measured and skip({"peer": p, "cache": c}, ctx) is None})
     folder = data.get("folder")
     title = (f"loader_cpu: {kind} data ({folder.name if folder else '?'}), {args.workers} workers, "
              f"batch {args.batch_size}, RandomResizedCrop 224 + flip, uint8")
-    return print_report(title, list(results.values()), subject="fastfeed", goals=GOALS, env=ctx.env,
+    return print_report(title, results, subject="fastfeed", goals=GOALS, env=ctx.env,
                         extra={"dataset": kind, "bytes": {k: tree_bytes(v) for k, v in data.items()},
                                "workers": args.workers, "batch_size": args.batch_size, "steady_s": args.time,
                                "repeat": args.repeat, "failed": failed})
@@ -192,7 +175,7 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
 
 BENCHMARK = Benchmark(
     name="loader_cpu", doc=__doc__, options=options, prepare=prepare, skip=skip, run_point=run_point,
-    progress=progress, report=report, report_by="dataset", isolate=True,
+    progress=lambda pt, row: measured_line(row), report=report, report_by="dataset", isolate=True,
     grid=(Axis("dataset", ("synth", "real"), flag="--datasets", help="synth, real or both"),
           REPEAT,
           Axis("cache", ("warm", "cold"), flag="--caches", help="the page cache: warm, cold or both"),

@@ -88,7 +88,7 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
     args, name = ctx.args, point["loader"]
     epochs = 1 if point["phase"] == "per-worker" else args.epochs
     builder, _ = BUILDERS[name]
-    built = builder(_data(ctx, point["phase"]), Setup(workers=args.workers, batch_size=args.batch_size,
+    built = builder(ctx.data_of(point["phase"]), Setup(workers=args.workers, batch_size=args.batch_size,
                                                       prefetch=args.prefetch))
     sampler = _Sampler()
     sampler.start()
@@ -128,10 +128,6 @@ def prepare(ctx: Context) -> dict[str, Path]:
             data[f"{phase}:folder"] = folder
             data[f"{phase}:fastfeed"] = pack_once(folder, samples_per_shard=samples_per_shard(n, args.workers))
     return data
-
-
-def _data(ctx: Context, phase: str) -> dict[str, Path]:
-    return {k.split(":", 1)[1]: v for k, v in ctx.data.items() if k.startswith(f"{phase}:")}
 
 
 def skip(point: Point, ctx: Context) -> str | None:

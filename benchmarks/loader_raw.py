@@ -48,9 +48,9 @@ if __name__ == "__main__":  # run as a script: the repo's root on the path, for 
 from fastfeed.host import cpu_count  # noqa: E402
 
 from benchmarks.lib.data import pack_once, photo_folder, tree_bytes, warm  # noqa: E402
-from benchmarks.lib.measure import measure_source, measurement_from_json  # noqa: E402
+from benchmarks.lib.measure import measure_source  # noqa: E402
 from benchmarks.lib.peers import Built, Setup, fastfeed_built, ffcv_loader, samples_per_shard, write_beton  # noqa: E402
-from benchmarks.lib.report import Result, print_report  # noqa: E402
+from benchmarks.lib.report import measured_line, print_report, results_of  # noqa: E402
 from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 GOALS_PER_CPU = {"ffcv-raw": 1.0, "fastfeed-jpeg": 3.0}
@@ -134,12 +134,6 @@ def point_env(point: Point) -> dict[str, str]:
     return {"FASTFEED_RAW_READS": RAW_READS[point["peer"]]} if point["peer"] in RAW_READS else {}
 
 
-def progress(point: Point, row: dict[str, Any]) -> str:
-    """The measurement's rates in one line."""
-    m, cpu = measurement_from_json(row["measurement"]), row["cpu_s_per_img"]
-    return f"{m.samples_per_s:,.0f} img/s, {1 / cpu:,.0f} img/cpu-s" if cpu else "no CPU figure"
-
-
 def _raw_mb_per_image(data: dict[str, Path]) -> float | None:
     """Mean MB of pixels per image of the raw pack (what storage delivers per image at the raw rate)."""
     if "raw" not in data:
@@ -151,12 +145,7 @@ def _raw_mb_per_image(data: dict[str, Path]) -> float | None:
 def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
     """The table and the ratios per CPU-second (the goals), and what storage must deliver."""
     args, data = ctx.args, ctx.data
-    results: dict[str, Result] = {}
-    for pt, got in rows:
-        r = results.setdefault(pt["peer"], Result(pt["peer"], got["what"], "warm"))
-        r.runs.append(measurement_from_json(got["measurement"]))
-        r.cpu_per_image.append(got["cpu_s_per_img"])
-        r.extra.setdefault("checks", []).append(got["check"])
+    results = {r.name: r for r in results_of(rows, lambda pt: (pt["peer"], "warm"))}
     mb = _raw_mb_per_image(data)
     storage = {name: round(results[name].rate * mb, 1) for name in ("fastfeed-raw", *RAW_READS, "ffcv-raw")
                if name in results and mb is not None}
@@ -178,7 +167,7 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
 
 BENCHMARK = Benchmark(
     name="loader_raw", doc=__doc__, options=options, prepare=prepare, skip=skip, run_point=run_point,
-    point_env=point_env, progress=progress, report=report, isolate=True,
+    point_env=point_env, progress=lambda pt, row: measured_line(row), report=report, isolate=True,
     grid=(REPEAT, Axis("peer", DEFAULT_PEERS, choices=PEERS, flag="--peers", help="the loaders compared")),
     quick={"images": 1_000, "time": 4.0},
 )

@@ -17,7 +17,9 @@ module                  what it holds
 :mod:`.peers`           the peers' loaders and packers (torchvision ImageFolder, WebDataset,
                         FFCV, litdata), each built its documented way
 :mod:`.dali`            the DALI pipelines (fastfeed's and a hand-written one) and their
-                        measurement, shared by the ``dali_*`` benchmarks
+                        measurement, shared by the ``dali_*`` benchmarks; :mod:`.dali_thread`:
+                        what a batch costs the training thread
+:mod:`.trainer`         the transformer and the DDP training step of ``ddp_tokens``
 :mod:`.suite`           :class:`~.suite.Benchmark`: a grid of settings and peers declared as
                         data, the function that runs one point, and the report
 ======================  ===================================================================

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from fastfeed.timing.measure import Measurement
 
-__all__ = ["Column", "Result", "environment", "fmt_rate", "log", "print_report", "print_table", "ratio_line",
-           "write_json"]
+__all__ = ["Column", "Result", "environment", "fmt_rate", "log", "measured_line", "print_report", "print_table",
+           "ratio_line", "results_of", "write_json"]
 
 #: the modules whose versions :func:`environment` records (absent ones as None)
 VERSIONS = ("torch", "torchvision", "numpy", "PIL", "webdataset", "ffcv", "simplejpeg", "cv2")
@@ -150,6 +150,32 @@ class Result:
                      for m, c in zip(self.runs, self.cpu_per_image)],
             **self.extra,
         }
+
+
+def results_of(rows: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+               key: Callable[[Mapping[str, Any]], tuple[str, str]]) -> list[Result]:
+    """The rows of a loader benchmark (``measurement``, ``cpu_s_per_img``, ``what``, ``check`` each),
+    gathered into one :class:`Result` per ``key(point)`` = (name, cache), in the order first seen."""
+    from benchmarks.lib.measure import measurement_from_json
+
+    results: dict[tuple[str, str], Result] = {}
+    for pt, got in rows:
+        name, cache = key(pt)
+        r = results.setdefault((name, cache), Result(name, got["what"], cache))
+        r.runs.append(measurement_from_json(got["measurement"]))
+        r.cpu_per_image.append(got["cpu_s_per_img"])
+        r.extra.setdefault("checks", []).append(got["check"])
+    return list(results.values())
+
+
+def measured_line(row: Mapping[str, Any]) -> str:
+    """One line of a loader benchmark's row: the rates, the noise, the batches, the checks."""
+    from benchmarks.lib.measure import measurement_from_json
+
+    m, cpu = measurement_from_json(row["measurement"]), row["cpu_s_per_img"]
+    eff = f"{1 / cpu:,.0f} img/cpu-s" if cpu else "no steady CPU figure"
+    return (f"{m.samples_per_s:,.0f} img/s (p10 {m.p10_samples_per_s:,.0f}, p90 {m.p90_samples_per_s:,.0f}, "
+            f"{m.batches} batches, start-up {m.startup_s:.1f} s), {eff}, checks {row['check']}")
 
 
 def _ratios(results: Sequence[Result], subject: str, metric: Callable[[Result], float | None],

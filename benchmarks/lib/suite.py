@@ -99,6 +99,10 @@ class Context:
     env: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
 
+    def data_of(self, group: str) -> dict[str, Any]:
+        """The entries ``GROUP:KEY`` of :attr:`data` as ``{KEY: value}`` (one dataset's files)."""
+        return {k.split(":", 1)[1]: v for k, v in self.data.items() if k.startswith(f"{group}:")}
+
 
 @dataclass(frozen=True)
 class Benchmark:
