@@ -25,7 +25,10 @@ import textwrap
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Iterator, TypeVar
 
-__all__ = ["Spec", "doc_lines", "fill_doc", "group", "is_group", "option", "specs"]
+from fastfeed.errors import ConfigError
+
+__all__ = ["Spec", "as_bool", "at_least", "auto_or_int", "callable_or_none", "check_int", "doc_lines", "fill_doc",
+           "group", "is_group", "one_of", "option", "specs"]
 
 T = TypeVar("T")
 #: ``check(value, name) -> value``: returns the value to store (normalised), raises ConfigError.
@@ -169,3 +172,75 @@ def fill_doc(fn: T, cls: Any, *, names: Any, marker: str = "{options}") -> T:
             fn.__fastfeed_doc__ = True  # type: ignore[attr-defined]  # the docs read this docstring at run time
             return fn
     raise ValueError(f"{getattr(fn, '__name__', fn)}'s docstring has no line {marker!r}")
+
+
+# ---------------------------------------------------------------------- checks shared by options
+def check_int(name: str, value: Any, minimum: int, *, or_auto: bool = False) -> int:
+    """``value`` if it is an integer >= ``minimum`` (not a bool).
+
+    Raises:
+        ConfigError: ``seed=-1 must be an integer >= 0``.
+
+    Example:
+        >>> check_int("seed", 3, 0)
+        3
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        also = " (or 'auto')" if or_auto else ""
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{also}")
+    return value
+
+
+def at_least(minimum: int, *, auto: bool = False, none: bool = False) -> Check:
+    """A check: an integer >= ``minimum``; ``"auto"`` and/or None kept as they are when allowed.
+
+    Example:
+        >>> at_least(1, auto=True)("auto", "num_threads"), at_least(0)(2, "seed")
+        ('auto', 2)
+    """
+    def check(value: Any, name: str) -> Any:
+        if (auto and value == "auto") or (none and value is None):
+            return value
+        return check_int(name, value, minimum, or_auto=auto)
+    return check
+
+
+def as_bool(value: Any, name: str) -> bool:
+    """A check: the value's truth (``pad=0`` is False)."""
+    return bool(value)
+
+
+def one_of(choices: Any, what: str) -> Check:
+    """A check: one of ``choices`` (``what`` says which, for the message).
+
+    Example:
+        >>> one_of(("NCHW", "NHWC"), "'NCHW' or 'NHWC'")("NHWC", "Dali.layout")
+        'NHWC'
+    """
+    def check(value: Any, name: str) -> Any:
+        if value not in choices:
+            raise ConfigError(f"{name}={value!r} must be {what}")
+        return value
+    return check
+
+
+def callable_or_none(value: Any, name: str) -> Any:
+    """A check: a function, or None."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name}={value!r} is not callable; pass a function or None")
+    return value
+
+
+def auto_or_int(text: str) -> int | str:
+    """A flag's reading of ``auto`` or a whole number.
+
+    Example:
+        >>> auto_or_int("auto"), auto_or_int("4")
+        ('auto', 4)
+    """
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r}: write a number or auto") from None

@@ -19,7 +19,10 @@ import sys
 from typing import Sequence
 
 from fastfeed import __version__
-from fastfeed.cli import balance, dataset, diagnosis, tuning
+import fastfeed.cli.balance as balance
+import fastfeed.cli.dataset as dataset
+import fastfeed.cli.diagnosis as diagnosis
+import fastfeed.cli.tuning as tuning
 from fastfeed.cli.args import add_verbose
 from fastfeed.cli.command import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, Command
 from fastfeed.errors import FastfeedError

@@ -72,7 +72,8 @@ from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.loading.auto import resolve_auto
-from fastfeed.loading.options import Crop, Dali, LoaderOptions, Order, Storage, Tokens, Workers
+from fastfeed.loading.groups import Crop, Dali, Order, Storage, Tokens, Workers
+from fastfeed.loading.options import LoaderOptions
 from fastfeed.knobs.space import Setting
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index

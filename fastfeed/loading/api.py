@@ -39,23 +39,10 @@ from fastfeed.loading.cpu.loader import Loader, cpu_loader
 from fastfeed.loading.cpu.sampled import check_sampler_fits
 from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dali.pipeline import DaliLoader
-from fastfeed.loading.options import (
-    LEGACY_SOURCE,
-    Crop,
-    Dali,
-    LoaderOptions,
-    Order,
-    Source,
-    Storage,
-    Tokens,
-    Workers,
-    as_sources,
-    check_source,
-    document,
-    loader_options,
-)
+from fastfeed.loading.groups import Crop, Dali, Order, Storage, Tokens, Workers
+from fastfeed.loading.options import LEGACY_SOURCE, LoaderOptions, document, loader_options
 from fastfeed.loading.order.cursor import STATE_VERSION
-from fastfeed.loading.sources import Sources, open_sources
+from fastfeed.loading.sources import Source, Sources, as_sources, check_source, open_sources
 from fastfeed.packed.index import DatasetIndex
 
 # STATE_VERSION (the state_dict layout) lives in fastfeed.loading.order.cursor; importable from here too

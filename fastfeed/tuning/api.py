@@ -51,18 +51,9 @@ from fastfeed.knobs.record import (
     save_record,
     stored_record,
 )
-from fastfeed.loading.options import (
-    Crop,
-    Dali,
-    LoaderOptions,
-    Order,
-    Storage,
-    Tokens,
-    Workers,
-    as_sources,
-    loader_options,
-    with_values,
-)
+from fastfeed.loading.groups import Crop, Dali, Order, Storage, Tokens, Workers
+from fastfeed.loading.options import LoaderOptions, loader_options, with_values
+from fastfeed.loading.sources import as_sources
 from fastfeed.packed.reader import resolve_index
 from fastfeed.timing.measure import Measurement, measure
 from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note

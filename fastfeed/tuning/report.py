@@ -15,6 +15,7 @@ from typing import Any
 
 from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError, missing_dependency
+from fastfeed.loading.options import as_keywords
 from fastfeed.timing.measure import Measurement
 from fastfeed.tuning.search import Trial
 from fastfeed.knobs.space import Setting
@@ -30,7 +31,7 @@ class TuneResult:
     Attributes:
         path: the dataset.
         key: what the result is valid for (and stored under).
-        setting: the chosen setting (``setting.loader_kwargs()`` for ``loader()``).
+        setting: the chosen setting (:meth:`loader_kwargs` gives it as ``loader()`` keywords).
         measurement: the chosen setting's measurement.
         trials: every trial in the order run.
         reason: one sentence: why this setting.
@@ -129,6 +130,15 @@ class TuneResult:
             lines.append(f"stored in {self.stored_at}; loader(num_workers='auto') will use it")
         lines += [f"warning: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The chosen setting as ``fastfeed.loader()`` keywords (``num_workers``, and the
+        ``Workers`` / ``Dali`` groups of the rest), for a loader built by hand.
+
+        Example:
+            >>> dl = fastfeed.loader(path, batch_size=256, **result.loader_kwargs())   # doctest: +SKIP
+        """
+        return as_keywords(self.setting.loader_kwargs())
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``fastfeed tune --json`` prints)."""

@@ -13,16 +13,15 @@ import pytest
 import fastfeed
 from fastfeed.decode.geometry import normalize_image_size
 from fastfeed.errors import ConfigError
+from fastfeed.loading.groups import GROUPS, IMAGENET_MEAN
+from fastfeed.loading.sources import as_sources
 from fastfeed.loading.options import (
     DALI_MEETS,
     DALI_ONLY,
     DALI_REFUSES,
     FLAT,
-    GROUPS,
-    IMAGENET_MEAN,
     LEGACY,
     LoaderOptions,
-    as_sources,
     check_dali_knobs,
     find_option,
     loader_options,
@@ -101,7 +100,7 @@ def test_dali_settings() -> None:
     with pytest.raises(ConfigError, match="decode='dali' needs image_size"):
         loader_options(batch_size=4, decode="dali", **ONE)
     for kwargs, match in [({"output": "int8"}, "output"), ({"layout": "CHW"}, "layout"),
-                          ({"mean": (0.5, 0.5, 0.5)}, "mean/std"), ({"output": "float16", "std": (1, 0, 1)}, "std"),
+                          ({"mean": (0.5, 0.5, 0.5)}, r"Dali\(mean=, std=\) normalise float"), ({"output": "float16", "std": (1, 0, 1)}, "std"),
                           ({"output": "float16", "mean": (1, 2)}, "mean"),
                           ({"hw_decoder_load": 1.5}, "hw_decoder_load"),
                           ({"hw_decoder_load": "0.5"}, "hw_decoder_load"), ({"num_threads": 0}, "num_threads"),
@@ -233,10 +232,12 @@ def test_dali_reads_one_packed_dataset_not_a_list_of_tars() -> None:
 
 
 def test_the_new_modules_export_a_sorted_all() -> None:
-    import fastfeed.loading.order.cursor as cursor
+    import fastfeed.loading.groups as groups
     import fastfeed.loading.options as options
+    import fastfeed.loading.order.cursor as cursor
+    import fastfeed.loading.sources as sources
 
-    for module in (cursor, options):
+    for module in (cursor, options, groups, sources):
         assert module.__all__ == sorted(module.__all__) and all(hasattr(module, n) for n in module.__all__)
 
 

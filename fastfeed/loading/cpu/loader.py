@@ -201,7 +201,8 @@ def decoder_for(o: LoaderOptions, *, pad: Padding | None = None, tokens_field: s
     """The CPU decoder of ``decode="cpu"`` with options ``o``: the loader's, and ``fastfeed doctor``'s probes'.
 
     Example:
-        >>> from fastfeed.loading.options import Crop, loader_options
+        >>> from fastfeed.loading.groups import Crop
+        >>> from fastfeed.loading.options import loader_options
         >>> d = decoder_for(loader_options(batch_size=4, image_size=32, crop=Crop(flip=False), rank=0, world_size=1))
         >>> d.image_size, d.flip
         ((32, 32), False)

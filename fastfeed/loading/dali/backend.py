@@ -73,7 +73,7 @@ accepted so code can switch ``decode=``; ``pin_memory``, ``persistent_workers`` 
 ``reuse_buffers`` have no effect (the pipeline already does what they ask for). The
 lists are in :mod:`fastfeed.loading.options`, where every option is validated.
 
-``device_id=None`` runs the whole pipeline on the CPU (DALI's CPU decoder, CPU
+``Dali(device_id=None)`` runs the whole pipeline on the CPU (DALI's CPU decoder, CPU
 tensors): slow, meant for tests and machines without a GPU.
 
 Example:
@@ -99,7 +99,8 @@ from fastfeed.host import cpu_count
 from fastfeed.loading.auto import lookup
 from fastfeed.loading.dali.pipeline import DaliLoader
 from fastfeed.knobs.space import Knob, SearchSpace
-from fastfeed.loading.options import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, check_dali_knobs
+from fastfeed.loading.groups import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.loading.options import LoaderOptions, check_dali_knobs
 from fastfeed.loading.order.rankplan import PlanSpec
 from fastfeed.packed.index import DatasetIndex
 
@@ -223,7 +224,7 @@ def resolve_device(device_id: int | str | None) -> int | None:
     if not torch.cuda.is_available():
         raise ConfigError(
             "decode='dali' decodes on a CUDA GPU, and torch.cuda.is_available() is False on this "
-            "machine; use decode='cpu' (or device_id=None to run DALI on the CPU, slowly, e.g. in tests)"
+            "machine; use decode='cpu' (or dali=fastfeed.Dali(device_id=None) to run DALI on the CPU, slowly, e.g. in tests)"
         )
     count = torch.cuda.device_count()
     if device_id == "auto":

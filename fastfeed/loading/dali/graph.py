@@ -95,7 +95,7 @@ def pipeline_seed(o: LoaderOptions, epoch: int, step: int, builds: int, lane: in
     (epoch, step) (lane 0's seed is the one a single pipeline has).
 
     Example:
-        >>> o = LoaderOptions(batch_size=4)
+        >>> o = LoaderOptions(batch_size=4, rank=0, world_size=1)
         >>> pipeline_seed(o, 0, 0, 1) == pipeline_seed(o, 0, 0, 1) != pipeline_seed(o, 1, 0, 1)
         True
         >>> pipeline_seed(o, 0, 0, 1, lane=1) != pipeline_seed(o, 0, 0, 1)

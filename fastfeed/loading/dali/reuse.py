@@ -153,7 +153,7 @@ def keep_warm(build: Any, device_id: int | None) -> bool:
     of the process, so later builds there skip DALI's decoder set-up (module docstring).
     Called right after a loader's build, while its pipelines are alive, so building it is
     cheap. True if one is kept (now or before); nothing for CPU pipelines
-    (``device_id=None``) or with ``FASTFEED_DALI_KEEP_WARM=0``.
+    (``Dali(device_id=None)``) or with ``FASTFEED_DALI_KEEP_WARM=0``.
 
     Example:
         >>> keep_warm(lambda: None, None)      # CPU-only pipelines: nothing to keep
