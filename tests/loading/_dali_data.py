@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+import fastfeed
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import DatasetIndex, ShardInfo
 from tools.synth import make_jpeg
 
 #: decode="dali" in its CPU-only mode, small and explicit (no tune lookup, no GPU).
-DALI_CPU = dict(decode="dali", device_id=None, num_threads=1, hw_decoder_load=0.65, prefetch_queue_depth=2,
-                num_pipelines=1)
+DALI_CPU = dict(decode="dali", dali=fastfeed.Dali(device_id=None, num_threads=1, hw_decoder_load=0.65,
+                                                  prefetch_queue_depth=2, num_pipelines=1))
+_DALI_FIELDS = {f.name for f in dataclasses.fields(fastfeed.Dali)}
+
+
+def dali_cpu(**kw: Any) -> dict[str, Any]:
+    """``DALI_CPU`` with ``kw``: its fields of :class:`fastfeed.Dali` (``num_threads=``, ``output=``, ...)
+    change the ``dali`` group, the others are ``loader()`` keywords."""
+    knobs = {k: kw.pop(k) for k in list(kw) if k in _DALI_FIELDS}
+    return {**DALI_CPU, **kw, "dali": dataclasses.replace(DALI_CPU["dali"], **knobs)}
 
 
 def require_dali() -> Any:

@@ -63,12 +63,19 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make(root: Path, backend: str, **kw: Any) -> Any:
-    """A loader of ``backend`` over ``root``; the same arguments otherwise."""
+def make(root: Path | list[Path], backend: str, *, weights: list[float] | None = None, subset: Any = None,
+         filter: Any = None, **kw: Any) -> Any:
+    """A loader of ``backend`` over ``root`` (a list: mixed with ``weights``, as fastfeed.Source objects;
+    ``subset`` / ``filter``: the selection of the one dataset); the same arguments otherwise."""
     args: dict[str, Any] = dict(batch_size=BATCH, image_size=16, seed=SEED)
     args.update(dict(DALI_CPU) if backend == "dali" else dict(decode="cpu", num_workers=0))
     args.update(kw)
-    return fastfeed.loader([str(r) for r in root] if isinstance(root, list) else str(root), **args)
+    if isinstance(root, list):
+        sources = [fastfeed.Source(str(r), weight=w) for r, w in zip(root, weights or (), strict=True)]
+        return fastfeed.loader(sources, **args)
+    if subset is None and filter is None:
+        return fastfeed.loader(str(root), **args)
+    return fastfeed.loader(fastfeed.Source(str(root), subset=subset, filter=filter), **args)
 
 
 def keys(batches: Any) -> list[list[str]]:
@@ -384,4 +391,5 @@ def test_dali_mixing_needs_image_datasets(packed: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mixed datasets differ in labels.*decode='dali' batches"):
         make([packed, unlabelled], "dali", weights=[1, 1])
     with pytest.raises(ConfigError, match="decode='dali' reads packed datasets.*not a list of tars"):
-        fastfeed.loader([[str(packed)], str(text)], weights=[1, 1], batch_size=BATCH, image_size=16, **DALI_CPU)
+        fastfeed.loader([fastfeed.Source([str(packed)], weight=1), fastfeed.Source(str(text), weight=1)],
+                        batch_size=BATCH, image_size=16, **DALI_CPU)

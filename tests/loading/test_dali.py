@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset, write_image_folder
+from _dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
 from _dist import epoch_keys, run_ranks
 import torch
 
@@ -57,7 +57,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def square(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 images of exactly 32x32 (no resize anywhere with image_size=32, crop_fraction=1)."""
+    """12 images of exactly 32x32 (no resize anywhere with image_size=32, Crop(fraction=1))."""
     base = tmp_path_factory.mktemp("dali_sq")
     src = write_image_folder(base / "src", [(32, 32)] * 12, texture=20.0)
     fastfeed.pack(src, base / "ff", samples_per_shard=5)
@@ -65,9 +65,10 @@ def square(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loader(root: Path, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, image_size=16, **DALI_CPU)
+    """A CPU-only DALI loader; the fields of fastfeed.Dali in ``kw`` (num_threads=, ...) change DALI_CPU's."""
+    args: dict[str, Any] = dict(batch_size=4, image_size=16)
     args.update(kw)
-    return fastfeed.loader(str(root), **args)
+    return fastfeed.loader(str(root), **dali_cpu(**args))
 
 
 def _keys(dl: Any) -> list[list[str]]:
@@ -118,7 +119,7 @@ def test_options_are_validated(dali: Any, packed: Path) -> None:
     with pytest.raises(ConfigError, match="output"):
         _loader(packed, output="int8")
     with pytest.raises(ConfigError, match="worker_init_fn"):
-        _loader(packed, worker_init_fn=print)
+        _loader(packed, workers=fastfeed.Workers(worker_init_fn=print))
     with pytest.raises(ConfigError, match="bogus"):
         _loader(packed, bogus=1)
 
@@ -283,7 +284,7 @@ def test_decoded_pixels_match_the_cpu_decoder(dali: Any, square: Path) -> None:
 
     idx = DatasetIndex.load(square)
     raw = {s["__key__"]: s for i in range(len(idx.shards)) for s in TarShardReader(idx.shard_path(i))}
-    dl = _loader(square, image_size=32, augment=False, crop_fraction=1.0, batch_size=5)
+    dl = _loader(square, image_size=32, augment=False, crop=fastfeed.Crop(fraction=1.0), batch_size=5)
     for backend, max_tol, mean_tol in (("pillow", 0, 0.0), ("auto", 8, 1.5)):
         dec = CpuDecoder(image_size=32, augment=False, crop_fraction=1.0, backend=backend)
         for b in dl:
@@ -300,7 +301,7 @@ def test_evaluation_crop_matches_the_cpu_loader(dali: Any, packed: Path, backend
     antialiased linear, Pillow's bilinear / OpenCV after DCT-scaled decode)."""
     dl = _loader(packed, image_size=24, augment=False, batch_size=8)
     cpu = fastfeed.loader(str(packed), batch_size=8, image_size=24, augment=False, num_workers=0,
-                          decode_backend=backend)
+                          workers=fastfeed.Workers(decode_backend=backend))
     for a, b in zip(dl, cpu):
         assert a["__key__"] == b["__key__"] and torch.equal(a["label"], b["label"])
         diff = (a["image"].int() - b["image"].contiguous().int()).abs().float()
@@ -457,7 +458,7 @@ def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, pa
 
     params = inspect.signature(fastfeed.loader).parameters
     assert TUNE_SPACE.workers == (0,)
-    for knob in TUNE_SPACE.knobs:  # loader() takes them through **dali_options
+    for knob in TUNE_SPACE.knobs:  # loader() takes them through dali=fastfeed.Dali(...)
         assert knob.name in DALI_ONLY and knob.name not in params and knob.default in knob.candidates(16)
     assert TUNE_SPACE.knobs[1].candidates(4) == (2, 4)
 
@@ -474,12 +475,13 @@ def test_tune_space_names_loader_keywords_and_tuned_knobs_are_used(dali: Any, pa
     key = TuneKey(idx.fingerprint, host_info(), 1, 4, "dali", (16, 16))
     save_record(TuneRecord(key, 0, None, {"num_threads": 3, "hw_decoder_load": 0.9,
                                           "prefetch_queue_depth": 3}, 1000.0, "2026-01-01"), str(packed))
-    dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", device_id=None)
-    o = dl.options
-    assert (o.num_threads, o.hw_decoder_load, o.prefetch_queue_depth, o.knobs_from) == (3, 0.9, 3, "tuned")
+    cpu_dali = fastfeed.Dali(device_id=None)
+    dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", dali=cpu_dali)
+    o, knobs = dl.options, dl.options.dali
+    assert (knobs.num_threads, knobs.hw_decoder_load, knobs.prefetch_queue_depth, o.knobs_from) == (3, 0.9, 3, "tuned")
     assert next(iter(dl))["image"].shape == (4, 3, 16, 16)
-    other = fastfeed.loader(str(packed), batch_size=8, image_size=16, decode="dali", device_id=None)  # another key
-    assert other.options.knobs_from == "default" and other.options.hw_decoder_load == 0.65
+    other = fastfeed.loader(str(packed), batch_size=8, image_size=16, decode="dali", dali=cpu_dali)  # another key
+    assert other.options.knobs_from == "default" and other.options.dali.hw_decoder_load == 0.65
 
 
 def test_fastfeed_tune_decode_dali_end_to_end(dali: Any, packed: Path) -> None:
@@ -493,12 +495,12 @@ def test_fastfeed_tune_decode_dali_end_to_end(dali: Any, packed: Path) -> None:
         pytest.skip("fastfeed.loader() does not forward decode='dali' options (num_threads, ...) yet")
     tune = importlib.import_module("fastfeed.tuning.api").tune
     res = tune(str(packed), batch_size=4, decode="dali", image_size=16, time_budget=4,
-               loader_kwargs={"device_id": None})
+               dali=fastfeed.Dali(device_id=None))
     knobs = dict(res.setting.knobs)
     assert set(knobs) == {k.name for k in TUNE_SPACE.knobs} and res.setting.num_workers == 0
-    dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", device_id=None)
+    dl = fastfeed.loader(str(packed), batch_size=4, image_size=16, decode="dali", dali=fastfeed.Dali(device_id=None))
     assert dl.options.knobs_from == "tuned"
-    assert {k: getattr(dl.options, k) for k in knobs} == knobs
+    assert {k: getattr(dl.options.dali, k) for k in knobs} == knobs
 
 
 # ---------------------------------------------------------------------- real ranks
@@ -509,8 +511,9 @@ def _dali_rank(rank: int, world: int, root: str, out: str, init: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        dl = fastfeed.loader(root, batch_size=3, image_size=16, decode="dali", device_id=None, num_threads=1,
-                             hw_decoder_load=0.65, prefetch_queue_depth=2, seed=5)
+        dl = fastfeed.loader(root, batch_size=3, image_size=16, decode="dali", seed=5,
+                             dali=fastfeed.Dali(device_id=None, num_threads=1, hw_decoder_load=0.65,
+                                                prefetch_queue_depth=2))
         epochs = epoch_keys(dl, 2)
         Path(out).write_text(json.dumps({"rank": dl.rank, "world": dl.world_size, "len": len(dl),
                                          "epochs": epochs}))

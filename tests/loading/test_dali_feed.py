@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from _dali_data import DALI_CPU
+from _dali_data import dali_cpu
 
 import fastfeed
 from fastfeed.loading.dali.pipeline import _AHEAD, DaliLoader
@@ -53,9 +53,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loader(root: Path, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, image_size=16, seed=3, **DALI_CPU)
+    """A CPU-only DALI loader; the fields of fastfeed.Dali in ``kw`` (prefetch_queue_depth=, ...) change DALI_CPU's."""
+    args: dict[str, Any] = dict(batch_size=4, image_size=16, seed=3)
     args.update(kw)
-    return fastfeed.loader(str(root), **args)
+    return fastfeed.loader(str(root), **dali_cpu(**args))
 
 
 def _with(dl: Any, dali: SimpleNamespace) -> DaliLoader:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset, write_image_folder
+from _dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
 from tools.synth import make_jpeg
 
 import fastfeed
@@ -60,9 +60,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loader(root: Path, n: int, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(batch_size=4, image_size=16, augment=False, seed=3, **DALI_CPU)
+    """A CPU-only DALI loader of ``n`` pipelines; the fields of fastfeed.Dali in ``kw`` change DALI_CPU's."""
+    args: dict[str, Any] = dict(batch_size=4, image_size=16, augment=False, seed=3)
     args.update(kw, num_pipelines=n)
-    return fastfeed.loader(str(root), **args)
+    return fastfeed.loader(str(root), **dali_cpu(**args))
 
 
 def _batches(dl: Any) -> list[tuple[list[str], list[int], torch.Tensor]]:
@@ -287,7 +288,7 @@ def test_skip_gives_the_same_batches_for_every_n(dali: Any, tmp_path: Path) -> N
     got = {}
     for n in (1, 2, 3):
         dl = fastfeed.loader(str(root), batch_size=3, image_size=16, augment=False, seed=1, on_error="skip",
-                             **{**DALI_CPU, "num_pipelines": n})
+                             **dali_cpu(num_pipelines=n))
         got[n] = [_batches(dl) for _ in range(2)]
         assert dl.stats.skipped == 4  # k005 (DALI cannot decode it) twice, k009 (no image) twice
         assert any("k005" in m for m in dl.stats.skip_messages)
@@ -304,7 +305,7 @@ def test_num_pipelines_is_validated_once(dali: Any, packed: Path) -> None:
         with pytest.raises(ConfigError, match="num_pipelines"):
             _loader(packed, bad)
     with pytest.raises(ConfigError, match="num_pipelines=2.*decode='dali'"):
-        fastfeed.loader(str(packed), batch_size=4, decode="cpu", num_pipelines=2)
+        fastfeed.loader(str(packed), batch_size=4, decode="cpu", dali=fastfeed.Dali(num_pipelines=2))
     dl = _loader(packed, 2, num_threads=5)
     next(iter(dl))
     assert [p.num_threads for p in dl._pipes] == split_threads(5, 2) == [3, 2]
@@ -315,21 +316,22 @@ def test_auto_takes_num_pipelines_from_the_tune_result(dali: Any, packed: Path) 
     from fastfeed.host import host_info
     from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
 
-    args = dict(batch_size=4, image_size=16, decode="dali", device_id=None)
+    args = dict(batch_size=4, image_size=16, decode="dali", dali=fastfeed.Dali(device_id=None))
     dl = fastfeed.loader(str(packed), **args)
-    assert dl.options.num_pipelines == DEFAULTS["num_pipelines"] == 1 and dl.options.knobs_from == "default"
+    assert dl.options.dali.num_pipelines == DEFAULTS["num_pipelines"] == 1 and dl.options.knobs_from == "default"
     idx = DatasetIndex.load(packed)
     key = TuneKey(idx.fingerprint, host_info(), 1, 4, "dali", (16, 16))
     save_record(TuneRecord(key, 0, None, {"num_threads": 2, "hw_decoder_load": 0.9, "prefetch_queue_depth": 2,
                                           "num_pipelines": 2}, 1000.0, "2026-01-01"), str(packed))
     dl = fastfeed.loader(str(packed), **args)
-    assert (dl.options.num_pipelines, dl.options.knobs_from) == (2, "tuned")
+    assert (dl.options.dali.num_pipelines, dl.options.knobs_from) == (2, "tuned")
     assert len(list(dl)) == 7 and len(dl._pipes) == 2
-    assert fastfeed.loader(str(packed), **args, num_pipelines=1).options.num_pipelines == 1  # explicit wins
+    explicit = fastfeed.loader(str(packed), **{**args, "dali": fastfeed.Dali(device_id=None, num_pipelines=1)})
+    assert explicit.options.dali.num_pipelines == 1  # explicit wins
     # an older tune result without the knob: the default
     save_record(TuneRecord(key, 0, None, {"num_threads": 2, "hw_decoder_load": 0.9, "prefetch_queue_depth": 2},
                            1000.0, "2026-01-02"), str(packed))
-    assert fastfeed.loader(str(packed), **args).options.num_pipelines == 1
+    assert fastfeed.loader(str(packed), **args).options.dali.num_pipelines == 1
 
 
 def test_tune_space_searches_one_and_two_pipelines(dali: Any, packed: Path) -> None:
