@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,11 +94,16 @@ def _epochs(dl: fastfeed.Loader, epochs: int, keep: bool) -> list[tuple[list[str
     return out
 
 
+def _loader(data: Path, seed: int, **workers: Any) -> fastfeed.Loader:
+    """Two workers with two batches each in flight, no pinned copies (``workers``: more Workers options)."""
+    return fastfeed.loader(data, batch_size=8, image_size=16, num_workers=2, seed=seed,
+                           workers=fastfeed.Workers(prefetch_factor=2, pin_memory=False, **workers))
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_workers_reuse_buffers_and_every_batch_keeps_its_pixels(data: Path, keep: bool) -> None:
-    kw = dict(batch_size=8, image_size=16, num_workers=2, prefetch_factor=2, seed=1, pin_memory=False)
-    want = _epochs(fastfeed.loader(data, reuse_buffers=False, **kw), 3, keep=True)
-    dl = fastfeed.loader(data, **kw)
+    want = _epochs(_loader(data, 1, reuse_buffers=False), 3, keep=True)
+    dl = _loader(data, 1)
     got = _epochs(dl, 3, keep=keep)
     assert [k for k, _ in got] == [k for k, _ in want]
     for (_, a), (_, b) in zip(got, want):
@@ -111,9 +117,8 @@ def test_workers_reuse_buffers_and_every_batch_keeps_its_pixels(data: Path, keep
 
 
 def test_a_pass_left_early_does_not_leak_slots(data: Path) -> None:
-    kw = dict(batch_size=8, image_size=16, num_workers=2, prefetch_factor=2, seed=2, pin_memory=False)
-    want = _epochs(fastfeed.loader(data, reuse_buffers=False, **kw), 2, keep=True)
-    dl = fastfeed.loader(data, **kw)
+    want = _epochs(_loader(data, 2, reuse_buffers=False), 2, keep=True)
+    dl = _loader(data, 2)
     for _ in range(3):  # three passes left after two batches
         dl.set_epoch(0)
         for i, _b in enumerate(dl):
@@ -127,4 +132,5 @@ def test_a_pass_left_early_does_not_leak_slots(data: Path) -> None:
 
 def test_no_pool_without_persistent_workers_or_workers(data: Path) -> None:
     assert fastfeed.loader(data, batch_size=8, image_size=16, num_workers=0)._pool is None
-    assert fastfeed.loader(data, batch_size=8, image_size=16, num_workers=2, persistent_workers=False)._pool is None
+    assert fastfeed.loader(data, batch_size=8, image_size=16, num_workers=2,
+                           workers=fastfeed.Workers(persistent_workers=False))._pool is None

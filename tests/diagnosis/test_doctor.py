@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -146,8 +147,8 @@ def _figures_from_measure(report: Any) -> None:
 
 # ---------------------------------------------------------------------- the planted bottlenecks
 def test_slow_storage_is_named(slow_http: str) -> None:
-    report = fastfeed.doctor(slow_http, batch_size=8, image_size=32, num_workers=2, prefetch_factor=2,
-                             time_budget=BUDGET)
+    report = fastfeed.doctor(slow_http, batch_size=8, image_size=32, num_workers=2, time_budget=BUDGET,
+                             workers=fastfeed.Workers(prefetch_factor=2))
     assert report.bottleneck == "storage" and report.limiting == "storage", report.text()
     storage = report.stage("storage")
     assert storage is not None and storage.figures["remote"] and storage.figures["latency_ms"] >= 100
@@ -171,8 +172,8 @@ def test_num_workers_zero_with_heavy_decode(heavy: Path) -> None:
 
 def test_large_jpegs_are_decode_bound(heavy: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    report = fastfeed.doctor(heavy, batch_size=8, image_size=64, num_workers=cores, prefetch_factor=2,
-                             target_rate=5000, time_budget=HEAVY_BUDGET)
+    report = fastfeed.doctor(heavy, batch_size=8, image_size=64, num_workers=cores, target_rate=5000,
+                             time_budget=HEAVY_BUDGET, workers=fastfeed.Workers(prefetch_factor=2))
     assert report.bottleneck == "decode" and report.input_bound and report.headroom < 1, report.text()
     profile = report.stage("loader").figures["profile"]
     assert profile["decode_s"] > 2 * profile["read_s"]  # the workers' own timings say: decoding
@@ -188,8 +189,8 @@ def test_large_jpegs_are_decode_bound(heavy: Path) -> None:
 
 
 def test_skewed_lengths_with_distributed_sampler(texts: Path) -> None:
-    report = fastfeed.doctor(texts, batch_size=16, world_size=8, num_workers=1, prefetch_factor=2,
-                             time_budget=BUDGET)
+    report = fastfeed.doctor(texts, batch_size=16, world_size=8, num_workers=1, time_budget=BUDGET,
+                             workers=fastfeed.Workers(prefetch_factor=2))
     assert report.bottleneck == "balance", report.text()
     balance = report.stage("balance")
     ff, base = balance.figures["samplers"]
@@ -235,8 +236,8 @@ def test_loader_figure_comes_from_the_measuring_core(small: Path, monkeypatch: p
 
     monkeypatch.setattr(tune_module, "measure", spy(tune_module.measure))
     monkeypatch.setattr(probes, "measure", spy(probes.measure))
-    report = fastfeed.doctor(small / "packed", batch_size=8, image_size=32, num_workers=1, prefetch_factor=2,
-                             time_budget=3)
+    report = fastfeed.doctor(small / "packed", batch_size=8, image_size=32, num_workers=1, time_budget=3,
+                             workers=fastfeed.Workers(prefetch_factor=2))
     loader = report.stage("loader")
     assert loader.measurement in seen and loader.samples_per_s == loader.measurement.samples_per_s
     for key in ("storage", "decode_core", "decode_all"):
@@ -289,10 +290,13 @@ def test_dali_stage_measures_the_dali_loader(small: Path) -> None:
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is in the [dali] extra")
     from fastfeed.diagnosis.stages import Budget, Run, dali_stage
     from fastfeed.knobs.space import Setting
+    from fastfeed.tuning.api import measured_options
 
     stages: list[Any] = []
-    run = Run(str(small / "packed"), Setting(1, 2), 8, "cpu", (32, 32),
-              {"rank": 0, "world_size": 1, "device_id": None}, 0, Budget(2, ["dali"]), stages.append)
+    training = measured_options(batch_size=8, decode="cpu", image_size=(32, 32), seed=0, rank=0, world_size=1)
+    # the stage runs DALI with training's Dali group: device_id=None puts DALI on the CPU (no GPU here)
+    options = replace(training, dali=fastfeed.Dali(device_id=None))
+    run = Run(str(small / "packed"), Setting(1, 2), options, Budget(2, ["dali"]), stages.append)
     dali_stage(run, None)
     (stage,) = stages
     assert stage.key == "dali" and stage.skipped is None and stage.samples_per_s > 0

@@ -85,7 +85,8 @@ def test_transform_sees_decoded_sample(image_data: Path) -> None:
 @pytest.mark.parametrize("workers", [1, 3])
 def test_order_does_not_depend_on_workers(text_data: Path, workers: int) -> None:
     ref = keys_of(fastfeed.loader(text_data, batch_size=4, num_workers=0, seed=3))
-    got = keys_of(fastfeed.loader(text_data, batch_size=4, num_workers=workers, prefetch_factor=2, seed=3))
+    got = keys_of(fastfeed.loader(text_data, batch_size=4, num_workers=workers, seed=3,
+                                  workers=fastfeed.Workers(prefetch_factor=2)))
     assert got == ref and sorted(ref) == [f"s{i:05d}" for i in range(41)]
 
 
@@ -159,7 +160,7 @@ def test_bad_arguments(text_data: Path) -> None:
                           ({"batch_size": 2, "decode": "gpu"}, "decode"),
                           ({"batch_size": 2, "rank": 2, "world_size": 2}, "rank=2"),
                           ({"batch_size": 2, "image_size": (1, 2, 3)}, "image_size"),
-                          ({"batch_size": 2, "num_threads": 4}, "num_threads.*decode=.dali.")]:
+                          ({"batch_size": 2, "dali": fastfeed.Dali(num_threads=4)}, "num_threads.*decode=.dali.")]:
         with pytest.raises(ConfigError, match=match):
             fastfeed.loader(text_data, num_workers=0, **kwargs)
 
@@ -198,7 +199,8 @@ def test_spawned_persistent_workers_follow_set_epoch(tmp_path: Path) -> None:
     """With spawn (forkserver is Python 3.14's default) the shared epoch still reaches workers."""
     write_dataset(tmp_path, shard_counts=(9, 9, 5))
     ref = fastfeed.loader(tmp_path, batch_size=4, num_workers=0, seed=2)
-    dl = fastfeed.loader(tmp_path, batch_size=4, num_workers=1, seed=2, multiprocessing_context="spawn")
+    dl = fastfeed.loader(tmp_path, batch_size=4, num_workers=1, seed=2,
+                         workers=fastfeed.Workers(multiprocessing_context="spawn"))
     for epoch in (0, 3):
         ref.set_epoch(epoch)
         dl.set_epoch(epoch)

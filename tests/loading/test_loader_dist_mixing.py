@@ -46,11 +46,16 @@ def _steps(dl: Any, limit: int | None = None) -> list[list[Any]]:
     return out
 
 
+def _mix(roots: list[str]) -> list[fastfeed.Source]:
+    """A and B, 2:1."""
+    return [fastfeed.Source(roots[0], weight=2), fastfeed.Source(roots[1], weight=1)]
+
+
 def run_rank(rank: int, world: int, roots: list[str], out: str, init: str, state: str | None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        dl = fastfeed.loader(roots, weights=[2, 1], epoch_samples=28, batch_size=3, pad=False, num_workers=1,
-                             decode=None, seed=5)
+        dl = fastfeed.loader(_mix(roots), batch_size=3, pad=False, num_workers=1, decode=None, seed=5,
+                             order=fastfeed.Order(epoch_samples=28))
         result: dict[str, Any] = {"len": len(dl)}
         if state is None:
             dl.set_epoch(0)
@@ -80,8 +85,8 @@ def test_mixing_pad_false_and_an_elastic_resume_from_three_ranks_to_two(tmp_path
     write_dataset(tmp_path / "a", shard_counts=(9, 9, 4), fields=_named("a"))  # 22: 19 of them per epoch
     write_dataset(tmp_path / "b", shard_counts=(6,), fields=_named("b"))  # 6
     roots = [str(tmp_path / "a"), str(tmp_path / "b")]
-    ref = fastfeed.loader(roots, weights=[2, 1], epoch_samples=28, batch_size=1000, decode=None, num_workers=0,
-                          seed=5)
+    ref = fastfeed.loader(_mix(roots), batch_size=1000, decode=None, num_workers=0, seed=5,
+                          order=fastfeed.Order(epoch_samples=28))
     epoch = {e: (ref.set_epoch(e), Counter((s, t.decode()) for b in ref
                                          for s, t in zip(b["__source__"].tolist(), b["txt"])))[1]
              for e in (0, 1)}

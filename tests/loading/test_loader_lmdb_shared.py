@@ -117,5 +117,5 @@ def test_forked_workers_open_their_own_after_the_parent_read(lmdb_data: Path) ->
     assert sorted(s["__key__"] for batch in dl for s in batch) == parent == ALL
     assert ds[3]["__key__"] == "s00003"  # the parent's handles still work
     loader = fastfeed.loader(lmdb_data, batch_size=4, num_workers=2, decode=None,
-                             multiprocessing_context="fork")
+                             workers=fastfeed.Workers(multiprocessing_context="fork"))
     assert sorted(keys_of(list(loader))) == ALL

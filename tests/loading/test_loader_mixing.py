@@ -47,6 +47,12 @@ def load(paths: Any, **kw: Any) -> Any:
     return fastfeed.loader(paths if not isinstance(paths, tuple) else [str(p) for p in paths], **args)
 
 
+def mix(paths: Any, weights: list[float]) -> list[fastfeed.Source]:
+    """One weighted Source per dataset (a folder, or a list of tars)."""
+    return [fastfeed.Source(p if isinstance(p, list) else str(p), weight=w)
+            for p, w in zip(paths, weights, strict=True)]
+
+
 def texts(batch: dict[str, Any]) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in batch["txt"]]
 
@@ -62,7 +68,7 @@ def samples(batches: Any, *, valid_only: bool = False) -> list[tuple[int, str]]:
 
 # ---------------------------------------------------------------------- mixing
 def test_mixed_batches_carry_their_source_in_proportion(two: tuple[Path, Path]) -> None:
-    dl = load(two, weights=[0.7, 0.3])
+    dl = load(mix(two, [0.7, 0.3]))
     batches = list(dl)
     assert len(dl) == len(batches) == 9  # default epoch: A (largest weight) once: 35 positions
     for b in batches:
@@ -73,21 +79,22 @@ def test_mixed_batches_carry_their_source_in_proportion(two: tuple[Path, Path]) 
     assert counts == {0: 25, 1: 10}
     assert sorted(t for s, t in got if s == 0) == sorted(f"a{i}" for i in range(25))  # A exactly once
     assert all(1 <= int((b["__source__"] == 1).sum()) <= 2 for b in batches[:-1])  # 4 * 0.3 per batch
-    longer = samples(load(two, weights=[0.7, 0.3], epoch_samples=70))  # B (10) cycled: 21 = 2 passes + 1
+    # B (10) cycled: 21 = 2 passes + 1
+    longer = samples(load(mix(two, [0.7, 0.3]), order=fastfeed.Order(epoch_samples=70)))
     b_seq = [t for s, t in longer if s == 1]
     assert sorted(Counter(b_seq).values()) == [2] * 9 + [3]  # complete passes (shuffled together in a block)
     assert sorted(Counter(t for s, t in longer if s == 0).values()) == [1] + [2] * 24  # 49 = 70 * 0.7
 
 
 def test_mixing_is_deterministic_and_independent_of_workers(two: tuple[Path, Path]) -> None:
-    ref = load(two, weights=[2, 1], epoch_samples=30)
+    ref = load(mix(two, [2, 1]), order=fastfeed.Order(epoch_samples=30))
     ref.set_epoch(1)
     want = [samples([b]) for b in ref]
     for workers in (1, 3):
-        dl = load(two, weights=[2, 1], epoch_samples=30, num_workers=workers)
+        dl = load(mix(two, [2, 1]), order=fastfeed.Order(epoch_samples=30), num_workers=workers)
         dl.set_epoch(1)
         assert [samples([b]) for b in dl] == want
-    other = load(two, weights=[2, 1], epoch_samples=30)
+    other = load(mix(two, [2, 1]), order=fastfeed.Order(epoch_samples=30))
     other.set_epoch(2)
     assert [samples([b]) for b in other] != want
 
@@ -95,20 +102,20 @@ def test_mixing_is_deterministic_and_independent_of_workers(two: tuple[Path, Pat
 def test_datasets_that_cannot_share_a_batch_are_named(two: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="without weights"):
         load(two)  # two packed folders and no weights
-    with pytest.raises(ConfigError, match="2 entries for 3"):
-        load((*two, two[0]), weights=[1, 2])
+    with pytest.raises(ConfigError, match=r"mixes 3 sources and '.*/a' has no weight"):
+        load([*mix(two, [1, 2]), fastfeed.Source(str(two[0]))])
     write_dataset(tmp_path / "nolab", shard_counts=(5,), fields=_named("n"), labels=False)
     with pytest.raises(ConfigError, match=r"differ in labels: .*/a record labels .*nolab do not"):
-        load((two[0], tmp_path / "nolab"), weights=[1, 1], decode="cpu")
-    raw = list(load((two[0], tmp_path / "nolab"), weights=[1, 1]))  # decode=None: raw cls, no index label
+        load(mix((two[0], tmp_path / "nolab"), [1, 1]), decode="cpu")
+    raw = list(load(mix((two[0], tmp_path / "nolab"), [1, 1])))  # decode=None: raw cls, no index label
     assert all("label" not in b and len(b["cls"]) == len(b["__key__"]) for b in raw)
     write_dataset(tmp_path / "img", shard_counts=(4,), fields=image_fields)
     with pytest.raises(ConfigError, match=r"/a \(fields cls, txt\) has no image field"):
-        load((tmp_path / "img", two[0]), weights=[1, 1], decode="cpu", image_size=8)
-    raw = list(load((tmp_path / "img", two[0]), weights=[1, 1], epoch_samples=8))  # fields may differ
+        load(mix((tmp_path / "img", two[0]), [1, 1]), decode="cpu", image_size=8)
+    raw = list(load(mix((tmp_path / "img", two[0]), [1, 1]), order=fastfeed.Order(epoch_samples=8)))  # fields differ
     assert {k for b in raw for k in b} >= {"jpg", "json", "txt"}
-    with pytest.raises(ConfigError, match="weights="):
-        load(two, weights=[1, -1])
+    with pytest.raises(ConfigError, match=r"weight=-1\): give a positive number"):
+        load(mix(two, [1, -1]))
 
 
 def test_a_list_of_tars_without_weights_is_still_one_dataset(two: tuple[Path, Path]) -> None:
@@ -120,7 +127,7 @@ def test_a_list_of_tars_without_weights_is_still_one_dataset(two: tuple[Path, Pa
 
 def test_webdataset_tars_mix_with_a_packed_dataset(two: tuple[Path, Path]) -> None:
     tars = sorted(str(p) for p in two[0].glob("*.tar"))  # read as WebDataset tars (no index)
-    dl = load([tars, str(two[1])], weights=[1, 1], epoch_samples=20, shuffle=False)
+    dl = load(mix([tars, two[1]], [1, 1]), order=fastfeed.Order(epoch_samples=20), shuffle=False)
     got = samples(dl)
     assert Counter(s for s, _ in got) == {0: 10, 1: 10} and {t for s, t in got if s == 1} == {f"b{i}" for i in
                                                                                               range(10)}
@@ -130,8 +137,8 @@ def test_webdataset_tars_mix_with_a_packed_dataset(two: tuple[Path, Path]) -> No
 def test_mixed_images_decode_together(tmp_path: Path) -> None:
     write_dataset(tmp_path / "x", shard_counts=(6,), fields=image_fields)
     write_dataset(tmp_path / "y", fmt="lmdb", shard_counts=(3, 3), fields=image_fields)
-    dl = fastfeed.loader([tmp_path / "x", tmp_path / "y"], weights=[1, 1], epoch_samples=12, batch_size=4, image_size=8,
-                         num_workers=1)
+    dl = fastfeed.loader(mix((tmp_path / "x", tmp_path / "y"), [1, 1]), batch_size=4, image_size=8, num_workers=1,
+                         order=fastfeed.Order(epoch_samples=12))
     batches = list(dl)
     assert [tuple(b["image"].shape) for b in batches] == [(4, 3, 8, 8)] * 3
     assert sum(int((b["__source__"] == 1).sum()) for b in batches) == 6
@@ -140,37 +147,39 @@ def test_mixed_images_decode_together(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- subsets and filters
 def test_subset_and_filter_select_samples(two: tuple[Path, Path]) -> None:
     a = str(two[0])
-    by_label = load(a, filter=lambda m: m["label"] == 2, batch_size=100)
+    by_label = load(fastfeed.Source(a, filter=lambda m: m["label"] == 2), batch_size=100)
     assert sorted(t for _, t in samples(by_label)) == sorted(f"a{i}" for i in range(25) if i % 5 == 2)
     assert len(by_label) == 1 and by_label.state_dict()["num_samples"] == 5
-    some = load(a, subset=[3, 1, 24], batch_size=2)
+    some = load(fastfeed.Source(a, subset=[3, 1, 24]), batch_size=2)
     assert sorted(t for _, t in samples(some)) == ["a1", "a24", "a3"] and len(some) == 2
     mask = np.zeros(25, dtype=bool)
     mask[:10] = True
-    both = load(a, subset=mask, filter=lambda m: m["index"] % 2 == 0, batch_size=100)
+    both = load(fastfeed.Source(a, subset=mask, filter=lambda m: m["index"] % 2 == 0), batch_size=100)
     assert sorted(t for _, t in samples(both)) == sorted(f"a{i}" for i in range(0, 10, 2))
     with pytest.raises(ConfigError, match="filter leaves no sample"):
-        load(a, filter=lambda m: m["label"] > 9)
+        load(fastfeed.Source(a, filter=lambda m: m["label"] > 9))
     with pytest.raises(ConfigError, match="not callable"):
-        load(a, filter=3)
+        load(fastfeed.Source(a, filter=3))
 
 
 def test_a_filter_per_mixed_dataset(two: tuple[Path, Path]) -> None:
-    dl = load(two, weights=[1, 1], filter=[lambda m: m["label"] < 2, None], subset=[None, [0, 1, 2, 3]],
-              epoch_samples=20)
+    dl = load([fastfeed.Source(str(two[0]), weight=1, filter=lambda m: m["label"] < 2),
+               fastfeed.Source(str(two[1]), weight=1, subset=[0, 1, 2, 3])], order=fastfeed.Order(epoch_samples=20))
     got = samples(dl)
     assert {t for s, t in got if s == 0} == {f"a{i}" for i in range(25) if i % 5 < 2}
     assert {t for s, t in got if s == 1} == {"b0", "b1", "b2", "b3"}
-    with pytest.raises(ConfigError, match="one per dataset"):
-        load(two, weights=[1, 1], subset=[1, 2, 3])
+    # only the former parallel lists can give a selection that is not one per dataset
+    with pytest.warns(FutureWarning, match=r"loader\(weights=, subset=\) is the former spelling"):
+        with pytest.raises(ConfigError, match="one per dataset"):
+            load(two, weights=[1, 1], subset=[1, 2, 3])
 
 
 def test_a_state_from_another_selection_or_dataset_is_refused(two: tuple[Path, Path]) -> None:
-    state = load(str(two[0]), filter=lambda m: m["label"] < 3).state_dict()
+    state = load(fastfeed.Source(str(two[0]), filter=lambda m: m["label"] < 3)).state_dict()
     with pytest.raises(StateError, match="num_samples=15, now 25.*selection="):
         load(str(two[0])).load_state_dict(state)
     with pytest.raises(StateError, match="dataset=.*weights=None, now"):
-        load(two, weights=[1, 1]).load_state_dict(state)
+        load(mix(two, [1, 1])).load_state_dict(state)
 
 
 # ---------------------------------------------------------------------- exact-once evaluation
@@ -222,16 +231,14 @@ def _run_to(dls: list[Any], steps: int) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("mixed", [False, True])
 def test_elastic_resume_deals_the_rest_once(two: tuple[Path, Path], old: tuple, new: tuple,
                                             mixed: bool) -> None:
-    paths: Any = two if mixed else str(two[0])
-    kw: dict[str, Any] = {"weights": [0.7, 0.3]} if mixed else {}
+    paths: Any = mix(two, [0.7, 0.3]) if mixed else str(two[0])
     (w, b, pad), (w2, b2, pad2) = old, new
-    before = [load(paths, batch_size=b, pad=pad, rank=r, world_size=w, **kw) for r in range(w)]
+    before = [load(paths, batch_size=b, pad=pad, rank=r, world_size=w) for r in range(w)]
     for dl in before:
         dl.set_epoch(1)
     consumed = _run_to(before, 2)
     state = json.loads(json.dumps(before[-1].state_dict()))
-    after = [load(paths, batch_size=b2, pad=pad2, rank=r, world_size=w2, num_workers=r % 2, **kw)
-             for r in range(w2)]
+    after = [load(paths, batch_size=b2, pad=pad2, rank=r, world_size=w2, num_workers=r % 2) for r in range(w2)]
     rest = []
     for dl in after:
         dl.load_state_dict(state)
@@ -239,13 +246,13 @@ def test_elastic_resume_deals_the_rest_once(two: tuple[Path, Path], old: tuple, 
         assert dl.epoch == 1
         rest.append(batches)
     assert len({len(s) for s in rest}) == 1  # equal steps at the new shape
-    full = load(paths, batch_size=1000, **kw)
+    full = load(paths, batch_size=1000)
     full.set_epoch(1)
     assert Counter(consumed + [x for s in rest for x in samples(s, valid_only=True)]) == Counter(samples(full))
     padding = sum(int((~bt["valid"]).sum()) for s in rest for bt in s)
     assert padding <= w2 - 1 and (pad2 or padding == 0)
     # a state saved at the new shape resumes there; the next epoch is a fresh run's at the new shape
-    fresh = load(paths, batch_size=b2, pad=pad2, rank=0, world_size=w2, **kw)
+    fresh = load(paths, batch_size=b2, pad=pad2, rank=0, world_size=w2)
     fresh.set_epoch(2)
     assert samples(after[0]) == samples(fresh)
 

@@ -159,8 +159,8 @@ def test_map_and_rows_reads_give_the_same_epoch(packs: dict[str, Path], tmp_path
         monkeypatch.setenv("FASTFEED_RAW_READS", mode)
         seen = tmp_path / f"{mode}-workers"
         seen.mkdir()
-        dl = fastfeed.loader(path, batch_size=5, num_workers=2, seed=9, shuffle=True,
-                             worker_init_fn=partial(_record_raw_reads, str(seen)), **kw)
+        dl = fastfeed.loader(path, batch_size=5, num_workers=2, seed=9, shuffle=True, **kw,
+                             workers=fastfeed.Workers(worker_init_fn=partial(_record_raw_reads, str(seen))))
         dl.set_epoch(1)
         got[mode] = list(dl)
         del dl
@@ -229,8 +229,9 @@ def test_raw_reads_take_the_map_however_many_processes_share_an_epoch(packs: dic
         monkeypatch.setattr(reader_mod, "_memory_bytes", lambda m=memory: m)
         seen = tmp_path / f"w{workers}-{world}-{memory}"
         seen.mkdir()
-        dl = fastfeed.loader(packs["tar-raw"], batch_size=2, image_size=16, num_workers=workers,
-                             rank=0, world_size=world, worker_init_fn=partial(_record_raw_reads, str(seen)))
+        dl = fastfeed.loader(packs["tar-raw"], batch_size=2, image_size=16, num_workers=workers, rank=0,
+                             world_size=world,
+                             workers=fastfeed.Workers(worker_init_fn=partial(_record_raw_reads, str(seen))))
         next(iter(dl))
         del dl
         gc.collect()

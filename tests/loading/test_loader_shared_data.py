@@ -41,7 +41,8 @@ def test_real_photos(shared_data: Path, tmp_path: Path, backend: str) -> None:
     DatasetIndex(format="tar", num_samples=len(items),
                  shards=(ShardInfo("shard-000000.tar", len(items), size, sha),), fields=("cls", "jpg"),
                  ).with_arrays(offsets=np.array(offsets), labels=np.array([int(x[1]) for x in items])).save(tmp_path)
-    dl = fastfeed.loader(tmp_path, batch_size=16, image_size=64, num_workers=0, decode_backend=backend)
+    dl = fastfeed.loader(tmp_path, batch_size=16, image_size=64, num_workers=0,
+                         workers=fastfeed.Workers(decode_backend=backend))
     batches = list(dl)
     assert len(keys_of(batches)) == len(items) == 47 and dl.stats.skipped == 0
     img = batches[0]["image"].float()

@@ -196,13 +196,15 @@ def test_seq_len_state_is_v2_and_resumes_elastically(tokens: Path) -> None:
 
 
 def test_seq_len_and_batch_sampler_read_one_whole_dataset(tokens: Path) -> None:
-    for extra in ({"subset": [0, 1, 2]}, {"epoch_samples": 10}, {"pad": False}):
+    for source, extra in ((fastfeed.Source(tokens, subset=[0, 1, 2]), {}),
+                          (tokens, {"order": fastfeed.Order(epoch_samples=10)}), (tokens, {"pad": False})):
         with pytest.raises(ConfigError, match=r"reads one whole dataset.*drop seq_len="):
-            fastfeed.loader(tokens, batch_size=2, seq_len=16, **extra)
-    with pytest.raises(ConfigError, match=r"reads one whole dataset.*2 datasets \(weights=\)"):
-        fastfeed.loader([tokens, tokens], weights=[1, 1], batch_size=2, seq_len=16)
+            fastfeed.loader(source, batch_size=2, seq_len=16, **extra)
+    with pytest.raises(ConfigError, match=r"reads one whole dataset.*2 datasets \(a mix of Source\)"):
+        fastfeed.loader([fastfeed.Source(tokens, weight=1), fastfeed.Source(tokens, weight=1)], batch_size=2,
+                        seq_len=16)
     with pytest.raises(ConfigError, match=r"reads one whole dataset.*drop batch_sampler="):
-        fastfeed.loader(tokens, batch_sampler=_budget(tokens, 1, 0), subset=[0, 1])
+        fastfeed.loader(fastfeed.Source(tokens, subset=[0, 1]), batch_sampler=_budget(tokens, 1, 0))
 
 
 def test_seq_len_errors(tokens: Path, tmp_path: Path) -> None:
@@ -210,7 +212,7 @@ def test_seq_len_errors(tokens: Path, tmp_path: Path) -> None:
     write_dataset(plain, shard_counts=(5, 5))
     with pytest.raises(ConfigError, match=r"no tokens field.*fastfeed pack .*--tokenizer .*--tokenize FIELD"):
         fastfeed.loader(plain, batch_size=2, seq_len=16)
-    for dali in ({"seq_len": 16}, {"pad_multiple": 8}):
+    for dali in ({"seq_len": 16}, {"tokens": fastfeed.Tokens(pad_multiple=8)}):
         with pytest.raises(ConfigError, match="decode='dali' decodes images.*use decode='cpu'"):
             fastfeed.loader(tokens, batch_size=2, decode="dali", image_size=8, **dali)
     with pytest.raises(ConfigError, match="transform"):
@@ -234,8 +236,8 @@ def test_padded_token_batches(tokens: Path) -> None:
         for row, key, n in zip(ids, b["__key__"], lengths):
             assert row[:n].tolist() == doc_tokens(int(key[1:])).tolist() and (row[n:] == 0).all()
         assert "tokens.npy" not in b and b["txt"][0].startswith("doc ")
-    padded = next(iter(fastfeed.loader(tokens, batch_size=4, shuffle=False, num_workers=0, pad_multiple=32,
-                                       pad_id=7)))
+    padded = next(iter(fastfeed.loader(tokens, batch_size=4, shuffle=False, num_workers=0,
+                                       tokens=fastfeed.Tokens(pad_multiple=32, pad_id=7))))
     lengths = [doc_length(i) for i in range(4)]
     assert padded["input_ids"].shape[1] == 96  # longest 86, rounded up to 32
     assert padded["attention_mask"].sum(1).tolist() == lengths
@@ -264,7 +266,7 @@ def test_ragged_arrays_from_a_transform_are_padded(tmp_path: Path) -> None:
 
     for workers in (0, 2):
         b = next(iter(fastfeed.loader(root, batch_size=12, shuffle=False, num_workers=workers,
-                                      transform=tokenize, pad_multiple=8)))
+                                      transform=tokenize, tokens=fastfeed.Tokens(pad_multiple=8))))
         texts = [f"sample {i}" for i in range(12)]
         assert tuple(b["input_ids"].shape) == (12, 16) and b["attention_mask"].sum(1).tolist() == [len(t) for t in texts]
         assert b["labels"].shape == b["input_ids"].shape  # aligned with input_ids
@@ -310,7 +312,7 @@ def test_batch_sampler_equal_steps_and_the_samplers_batches(tokens: Path, kind: 
 def test_batch_sampler_resume_through_state_dict(tokens: Path) -> None:
     def make(workers: int) -> fastfeed.Loader:
         s = _budget(tokens, 2, 0)
-        return fastfeed.loader(tokens, batch_sampler=s, num_workers=workers, pad_multiple=8)
+        return fastfeed.loader(tokens, batch_sampler=s, num_workers=workers, tokens=fastfeed.Tokens(pad_multiple=8))
 
     dl = make(2)
     dl.set_epoch(1)
@@ -517,9 +519,9 @@ def test_real_bpe_tokens_packed_and_padded(tmp_path: Path) -> None:
     def encode(s: dict) -> dict:
         return {"__key__": s["__key__"], "input_ids": np.array(tok.encode(s["txt"]).ids, dtype=np.int64)}
 
-    stored = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=0, pad_id=pad, pad_multiple=8))
-    live = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=2, pad_id=pad, pad_multiple=8,
-                                transform=encode))
+    padding = fastfeed.Tokens(pad_id=pad, pad_multiple=8)
+    stored = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=0, tokens=padding))
+    live = list(fastfeed.loader(root, batch_size=8, shuffle=False, num_workers=2, tokens=padding, transform=encode))
     assert all(torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
                for a, b in zip(stored, live))
     assert stored[0]["input_ids"].shape[1] % 8 == 0 and (stored[0]["input_ids"][stored[0]["attention_mask"] == 0]

@@ -71,9 +71,8 @@ def test_resume_matches_the_uninterrupted_stream(tmp_path: Path, fmt: str) -> No
     write_dataset(tmp_path, fmt=fmt, shard_counts=(8, 8, 8, 7), fields=image_fields)
 
     def make(num_workers: int) -> Any:
-        return fastfeed.loader(tmp_path, batch_size=3, image_size=12, num_workers=num_workers,
-                               prefetch_factor=2 if num_workers else None, seed=11,
-                               rank=1, world_size=2)
+        return fastfeed.loader(tmp_path, batch_size=3, image_size=12, num_workers=num_workers, seed=11, rank=1,
+                               world_size=2, workers=fastfeed.Workers(prefetch_factor=2 if num_workers else None))
 
     check_resume(make, seed=len(fmt))
 
@@ -114,7 +113,7 @@ def test_state_is_small_and_validated(tmp_path: Path) -> None:
     fresh(rank=5).load_state_dict(state)  # another rank may load rank 3's state
     fresh(world_size=4, rank=0).load_state_dict(state)  # elastic: another world size continues the epoch
     with pytest.raises(StateError, match="seed=4, now 5.*shuffle_block=8192, now 3"):
-        fresh(batch_size=3, seed=5, shuffle_block=3).load_state_dict(state)
+        fresh(batch_size=3, seed=5, order=fastfeed.Order(shuffle_block=3)).load_state_dict(state)
     with pytest.raises(StateError, match="lacks batches"):
         fresh().load_state_dict({k: v for k, v in state.items() if k != "batches"})
     with pytest.raises(StateError, match="epoch='1' is not an integer"):

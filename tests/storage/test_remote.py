@@ -420,7 +420,7 @@ def test_loader_from_s3_equals_local(tmp_path: Path, s3_server: Any, s3_bucket: 
     kw = dict(batch_size=4, seed=3, num_workers=2, rank=1, world_size=2, decode=None)
     local = _stream(fastfeed.loader(str(tmp_path / "ds"), **kw))
     cache = tmp_path / "cache" if cached else None
-    remote_dl = fastfeed.loader(url, storage_options=s3_server.storage_options, cache_dir=cache, **kw)
+    remote_dl = fastfeed.loader(url, cache_dir=cache, **kw, storage=fastfeed.Storage(options=s3_server.storage_options))
     assert _stream(remote_dl) == local and len(local) > 0
     if cached:  # rank 1 of 2 reads some of the 4 shards, each downloaded once into the cache
         assert 1 <= len(list(cache.glob("*-shard-*.tar"))) <= 4
@@ -440,8 +440,8 @@ def test_loader_over_index_less_tars_on_s3(tmp_path: Path, s3_server: Any, s3_bu
     url = _upload_folder(s3_server, s3_bucket, folder, "wds")
     kw = dict(batch_size=5, seed=0, num_workers=1, decode=None, world_size=1, rank=0)
     local = _stream(fastfeed.loader(str(folder / "part-{0000..0002}.tar"), **kw))
-    remote_dl = fastfeed.loader(url + "/part-{0000..0002}.tar", storage_options=s3_server.storage_options,
-                                cache_dir=tmp_path / "cache", **kw)
+    remote_dl = fastfeed.loader(url + "/part-{0000..0002}.tar", cache_dir=tmp_path / "cache", **kw,
+                                storage=fastfeed.Storage(options=s3_server.storage_options))
     assert _stream(remote_dl) == local
     first_epoch = [sample for batch in local[:len(local) // 2] for sample in batch]
     assert sorted(first_epoch) == sorted(

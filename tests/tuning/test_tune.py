@@ -222,19 +222,19 @@ def test_process_memory_leaves_out_file_backed_pages(tmp_path: Path, monkeypatch
 
 def test_memory_sampling_backs_off_when_a_snapshot_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
     """A snapshot that takes 20 ms makes the next one wait >= 2 s (1% of the time), not 0.5 s."""
-    import time as _time
-
     from fastfeed.host import MemorySnapshot
     from fastfeed.timing import measure as measure_mod
 
     calls: list[float] = []
+    clock = [0.0]  # the snapshot's own clock: a real sleep(0.02) overshoots 1 ms on a busy host, past 2.1 s
 
     def slow() -> MemorySnapshot:
         calls.append(0)
-        _time.sleep(0.02)
+        clock[0] += 0.02
         return MemorySnapshot(10, 20, 1)
 
     monkeypatch.setattr(measure_mod, "process_memory", slow)
+    monkeypatch.setattr(measure_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     peak = measure_mod._Peak(True, 0.5)
     peak.sample(0.0)
     for now in (0.6, 1.0, 1.9):
