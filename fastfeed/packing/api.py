@@ -1,20 +1,22 @@
 """``fastfeed pack``: small files -> tar (WebDataset) or LMDB shards plus a versioned index.
 
-Packing is three steps with a public, picklable interface, so that any engine produces
-the same bytes:
+Packing is a straight pipeline with a public, picklable interface, so that any engine
+produces the same bytes:
 
-1. :func:`~fastfeed.packing.plan.plan_pack` (``src, dst, **options -> PackPlan``): walk, group
-   by key, validate, order (shuffle), cut into balanced shards; checks and prepares DST.
+1. :func:`~fastfeed.packing.plan.plan_pack` (``src, dst, **options -> PackPlan``): open the source
+   (:func:`~fastfeed.packing.sources.detect.open_source`: detect, list, validate), order its units
+   (shuffle), cut them into shards; check and prepare DST.
 2. :func:`~fastfeed.packing.write.write_shard` (``plan, number -> ShardResult``): write one
-   shard atomically (or reuse a complete one from an interrupted run).
+   shard atomically (or reuse a complete one from an interrupted run), run by an engine for
+   every shard: on this machine, in a process pool (:mod:`fastfeed.packing.engines.local`), or
+   one Ray task per shard (:mod:`fastfeed.packing.engines.ray`).
 3. :func:`~fastfeed.packing.finish.finalize` (``plan, results -> DatasetIndex``): write the
    sidecars, ``skipped.txt`` and, last and atomically, ``index.json``.
 
-:func:`pack` runs them with an engine: on this machine, ``write_shard`` in a process pool
-(:mod:`fastfeed.packing.engines.local`), or one Ray task per shard (:mod:`fastfeed.packing.engines.ray`);
-into a folder, or into an object-store prefix (:mod:`fastfeed.packing.engines.objstore`). A dataset is
-complete if and only if ``DST/index.json`` exists; re-running the same command after a
-crash finishes the job.
+Into a folder, or into an object-store prefix (:mod:`fastfeed.packing.engines.objstore`: the plan
+is made against a local staging folder, every shard is published as it is written, the index
+last). A dataset is complete if and only if ``DST/index.json`` exists; re-running the same
+command after a crash finishes the job.
 
 Example:
     >>> import fastfeed
@@ -34,11 +36,11 @@ from typing import Any, Mapping
 from fastfeed._util import check_on_error
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.packing.finish import cleanup, finalize
 from fastfeed.packing.engines.local import Progress, run_local
-from fastfeed.packing.engines.objstore import RemoteDest, finalize_remote, write_shard_remote
-from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan, plan_pack
+from fastfeed.packing.engines.objstore import RemoteDest, write_shard_remote
 from fastfeed.packing.engines.ray import cluster_restarts, connection, require_ray, run_ray
+from fastfeed.packing.finish import cleanup, finalize
+from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan, plan_pack
 from fastfeed.packing.sources.base import show
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url, local_path
@@ -191,13 +193,13 @@ def _run_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], engine: 
         return _pack_into_url(src, str(dst), engine=engine, ray_address=ray_address,
                               storage_options=storage_options, progress=progress, **options)
     dst = local_path(dst) or dst
-    plan = plan_pack(src, dst, **options)
+    plan = plan_pack(src, dst, **options)  # open the source, cut it into shards
     if plan.complete:
         log.info("%s: already holds this dataset; nothing to do (pass --overwrite to re-pack)",
                  show(plan.dst))
         cleanup(plan, keep=None)
         return DatasetIndex.load(plan.dst)
-    if engine == "ray":
+    if engine == "ray":  # every shard: write_shard
         results = run_ray(plan, ray_address=ray_address, progress=progress)
     else:
         results = run_local(plan, plan.options.workers, progress)
@@ -224,11 +226,11 @@ def _pack_into_url(
             dest.cleanup(keep=None)
             return dest.load_index()
         dest.prepare(plan)
+        writer = partial(write_shard_remote, dest=dest)  # write_shard, then publish the shard
         if engine == "ray":
-            results = run_ray(plan, dest=dest, ray_address=ray_address, progress=progress)
+            results = run_ray(plan, writer=writer, ray_address=ray_address, progress=progress)
         else:
-            results = run_local(plan, plan.options.workers, progress,
-                                writer=partial(write_shard_remote, dest=dest))
-        return finalize_remote(plan, results, dest)
+            results = run_local(plan, plan.options.workers, progress, writer=writer)
+        return dest.publish_dataset(plan.dst, finalize(plan, results))
 
 

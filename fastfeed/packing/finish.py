@@ -106,8 +106,9 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
 
 
 def _counts_match(plan: PackPlan, planned: int, r: ShardResult) -> bool:
-    """Written + skipped = planned; a table's unreadable row group is one skip entry for its rows."""
-    if plan.table is not None:
+    """Written + skipped = planned; for blocks of rows, at most planned (an unreadable row group is
+    one skip entry for its rows, and rows dropped as duplicate keys were skipped when planning)."""
+    if plan.source.blocks:
         return r.samples <= planned
     return r.samples + len(r.skipped) == planned
 

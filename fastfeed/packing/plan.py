@@ -1,9 +1,11 @@
 """Step 1 of packing: :func:`plan_pack` decides everything before any shard is written.
 
-``plan_pack`` walks and validates the source (:mod:`fastfeed.packing.sources.scan`), orders the samples
-(sorted by key, then a seeded permutation with ``shuffle``), cuts them into balanced
-shards (counts differ by at most one), checks the destination, and returns a frozen,
-picklable :class:`PackPlan`. Steps 2 and 3 (:func:`fastfeed.packing.write.write_shard`,
+``plan_pack`` checks the options, opens the source
+(:func:`~fastfeed.packing.sources.detect.open_source`: detect, list and validate it) and plans it
+(:func:`plan_source`): orders its units (key order, or a seeded permutation with ``shuffle``),
+cuts them into shards (samples dealt out evenly, counts within one of each other; blocks of
+rows kept whole, consecutive ones up to the limits), checks the destination, and returns a
+frozen, picklable :class:`PackPlan`. Steps 2 and 3 (:func:`fastfeed.packing.write.write_shard`,
 :func:`fastfeed.packing.finish.finalize`) only execute it, so any engine (the local process pool,
 Ray) that runs ``write_shard`` for every shard number produces the same bytes.
 
@@ -13,7 +15,7 @@ resume identity of the job is recorded in ``DST/.fastfeed-pack/job.json``.
 
 Example:
     >>> plan = plan_pack("imagenet/train", "/data/in-ff", samples_per_shard=1000)  # doctest: +SKIP
-    >>> len(plan.shards), plan.shards[0].name, len(plan.shards[0].samples)        # doctest: +SKIP
+    >>> len(plan.shards), plan.shards[0].name, plan.shards[0].rows                # doctest: +SKIP
     (1282, 'shard-000000.tar', 1000)
 """
 
@@ -26,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -37,30 +39,18 @@ from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.host import cpu_count
 from fastfeed.packed.layout import dali_index_name, shard_name
-from fastfeed.packing.sources.columns import LABEL_COLUMNS, parse_columns
-from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
-from fastfeed.packing.sources.parquet import TableSource, scan_parquet
-from fastfeed.packing.content.pixels import image_member, parse_store, plan_raw, store_name
-from fastfeed.packing.sources.base import INPUTS, TABLE_INPUTS, SampleSpec, Source, parse_length, show
-from fastfeed.packing.content.tables import (
-    TokenPlan,
-    check_length_column,
-    check_token_options,
-    split_units,
-    table_content,
-    table_shards,
-    token_plan,
-    wants_table,
-)
+from fastfeed.packing.content.pixels import parse_store, plan_raw, store_name
 from fastfeed.packing.content.tokenize import Tokenizer, load_tokenizer
-from fastfeed.packing.sources.scan import scan
+from fastfeed.packing.content.tokens import TokenPlan, check_length_field, check_token_options, token_plan
+from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
+from fastfeed.packing.sources.base import TABLE_INPUTS, Source, check_input, image_member, parse_length
+from fastfeed.packing.sources.columns import parse_columns
+from fastfeed.packing.sources.detect import open_source
 from fastfeed.storage.remote import is_url
 
-__all__ = ["PackOptions", "PackPlan", "ShardPlan", "plan_pack", "shard_counts"]
+__all__ = ["PackOptions", "PackPlan", "ShardPlan", "group_units", "plan_pack", "plan_source", "shard_counts"]
 
 log = logging.getLogger("fastfeed.pack")
-
-_TAR_MEMBER_OVERHEAD = 512
 
 
 @dataclass(frozen=True)
@@ -102,10 +92,7 @@ class PackOptions:
                on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool | None = None,
                store: str = "jpeg") -> "PackOptions":
         """Check every option once, at the boundary; raises ConfigError naming the fix."""
-        if input in ("auto", ""):
-            input = None
-        if input is not None and input not in INPUTS:
-            raise ConfigError(f"input={input!r}: choose one of {', '.join(INPUTS)} (or leave it out to detect)")
+        input = check_input(input)
         if format not in FORMATS:
             raise ConfigError(f"format={format!r}: choose one of {', '.join(sorted(FORMATS))}")
         size = _shard_size(shard_size)
@@ -223,21 +210,28 @@ def _is_int(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One shard to write: its number, file name and samples in file order; for a table
-    source, the indices of its units (into ``PackPlan.table.units``) and their rows instead."""
+    """One shard to write: its number, file name and units in file order (samples, or blocks of rows).
+
+    Attributes:
+        number, name: the shard.
+        units: the source's units it holds, in file order.
+        rows: samples planned (a block holds many).
+        raw: per sample, whether its image is stored as pixels (``--store raw|mixed:P``); empty: none is.
+        files, nbytes: source files and bytes its units read (progress).
+    """
 
     number: int
     name: str
-    samples: tuple[SampleSpec, ...]
-    units: tuple[int, ...] = ()
-    rows: int = 0
-    #: per sample, whether its image is stored as pixels (``--store raw|mixed:P``); empty: none is
+    units: tuple[Any, ...]
+    rows: int
     raw: tuple[bool, ...] = ()
+    files: int = 0
+    nbytes: int = 0
 
     @property
     def planned(self) -> int:
-        """Samples planned: the sample specs, or the rows of the units."""
-        return len(self.samples) + self.rows
+        """Samples planned."""
+        return self.rows
 
     @property
     def dali_index_name(self) -> str:
@@ -250,60 +244,64 @@ class PackPlan:
     """Everything ``write_shard`` and ``finalize`` need; plain data, picklable.
 
     Attributes:
-        src: the source as given, absolute.
+        src: the source as given, absolute (``datasets.Dataset`` for an object).
         dst: the destination folder, absolute.
-        root: folder that sample member paths are relative to.
-        kind: ``imagefolder``, ``files`` or ``jsonl``.
         options: the validated options.
         shards: the shards in order.
-        classes: class names (ImageFolder), else None.
-        has_labels: whether the index gets ``labels.npy``.
         skipped: inputs left out while planning (``on_error="skip"``).
-        manifest: JSONL manifest file name inside ``root``, else None.
-        manifest_sha256: its checksum (part of the content id).
         job: resume identity (source location + options + versions).
         content: location-independent id of the planned output, stored in the index.
+        source: the source, as every writer reads it (:meth:`~fastfeed.packing.sources.base.Source.for_writer`).
         complete: DST already holds exactly this dataset; nothing to write.
         pillow: Pillow version when images are re-encoded (part of both ids).
-        table: a parquet / HF datasets source (``kind`` ``parquet`` or ``hf``), else None.
         tokens: the pack-time tokenizer and the field it reads, else None.
     """
 
     src: str
     dst: str
-    root: str
-    kind: str
     options: PackOptions
     shards: tuple[ShardPlan, ...]
-    classes: tuple[str, ...] | None
-    has_labels: bool
     skipped: tuple[dict[str, str], ...]
-    manifest: str | None
-    manifest_sha256: str | None
     job: str
     content: str
+    source: Source
     complete: bool = False
     pillow: str | None = None
-    table: TableSource | None = None
     tokens: TokenPlan | None = None
 
     @property
+    def kind(self) -> str:
+        """The input kind (one of :data:`~fastfeed.packing.sources.base.INPUTS`)."""
+        return self.source.kind
+
+    @property
+    def root(self) -> str:
+        """What the source's member paths are relative to."""
+        return self.source.root
+
+    @property
+    def classes(self) -> tuple[str, ...] | None:
+        """Class names (ImageFolder), else None."""
+        return self.source.classes
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether the index gets ``labels.npy``."""
+        return self.source.has_labels
+
+    @property
     def num_samples(self) -> int:
-        return sum(s.planned for s in self.shards)
+        return sum(s.rows for s in self.shards)
 
     @property
     def total_files(self) -> int:
         """Source files the shards read (inline fields not counted); rows of a table."""
-        if self.table is not None:
-            return sum(s.rows for s in self.shards)
-        return sum(1 for s in self.shards for x in s.samples for m in x.members if m.path is not None)
+        return sum(s.files for s in self.shards)
 
     @property
     def total_bytes(self) -> int:
         """Bytes of source files the shards read (a table: uncompressed bytes of its units)."""
-        if self.table is not None:
-            return sum(self.table.units[i].nbytes for s in self.shards for i in s.units)
-        return sum(m.size for s in self.shards for x in s.samples for m in x.members if m.path is not None)
+        return sum(s.nbytes for s in self.shards)
 
     @property
     def lengths_field(self) -> str | None:
@@ -322,8 +320,8 @@ class PackPlan:
 
 
 # ---------------------------------------------------------------- planning
-def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **options: Any) -> PackPlan:
-    """Walk, validate, order and cut ``src`` into shards; check and prepare ``dst``.
+def plan_pack(src: str | os.PathLike[str] | Any, dst: str | os.PathLike[str], **options: Any) -> PackPlan:
+    """Check the options, open ``src`` and plan it into shards; check and prepare ``dst``.
 
     Deterministic: the same source and options give an equal plan. Accepts the keyword
     options of :func:`fastfeed.packing.api.pack`.
@@ -339,109 +337,63 @@ def plan_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], **option
     """
     opts = PackOptions.create(**options)
     tok = load_tokenizer(opts.tokenizer) if opts.tokenizer is not None else None  # fail before a long scan
-    if wants_table(src, opts.input):
-        return _plan_table(src, Path(dst).absolute(), opts, tok)
-    if opts.columns is not None or opts.key is not None:
-        raise ConfigError(f"{show(os.fspath(src))}: columns/key (--columns, --key) are for parquet and HF "
-                          "datasets input; this SRC is not one (leave them out, or pass --input parquet)")
-    url_src = is_url(src)  # SRC on object storage: see fastfeed.packing.sources.remote
-    src_path: Any = str(src).rstrip("/") if url_src else Path(src).absolute()
     dst_path = Path(dst).absolute()
-    if not url_src:
-        check_not_inside(src_path, dst_path)
-    source = scan(src_path, input=opts.input, on_error=opts.on_error, length=opts.length)
-    pillow = _pillow_version() if opts.max_side is not None else None
-    samples = list(source.samples)
+    if isinstance(src, (str, os.PathLike)) and not is_url(src):
+        check_not_inside(Path(src).absolute(), dst_path)
+    source = open_source(src, input=opts.input, on_error=opts.on_error, length=opts.length,
+                         columns=opts.columns, key=opts.key, store=opts.store)
+    return plan_source(source, dst_path, opts, tok)
+
+
+def plan_source(source: Source, dst: Path, opts: PackOptions, tok: Tokenizer | None = None) -> PackPlan:
+    """Plan an opened ``source`` into ``dst``: order, cut, the ids; check and prepare ``dst``.
+
+    Example:
+        >>> plan = plan_source(open_source("train"), Path("train-ff"), PackOptions.create())  # doctest: +SKIP
+    """
+    tokens = None
+    if tok is not None or opts.length is not None:
+        fields = source.fields
+        tokens = token_plan(tok, opts.tokenize, opts.length, fields, source.shown)
+        if opts.length is not None and tokens is None:
+            check_length_field(opts.length, fields, source.shown)
+    source = source.split(opts.shard_size, opts.samples_per_shard)
+    units = list(source.units)
     if opts.shuffle:
-        perm = np.random.default_rng(opts.seed).permutation(len(samples))
-        samples = [samples[i] for i in perm]
-    sizes = [_estimate(s, opts.format) for s in samples]
+        perm = np.random.default_rng(opts.seed).permutation(len(units))
+        units = [units[i] for i in perm]
+    measures = [source.measure(u, opts.format) for u in units]
+    sizes = [m.size for m in measures]
     mode, share = opts.store_mode
     raw: list[bool] = []
-    if mode != "jpeg":  # which images are stored as pixels, and what they take (pixels.py)
-        raw, pixel_bytes = plan_raw(source.root, samples, mode, share, opts.max_side)
-        sizes = [n + _pixel_delta(s, b) if b else n for n, s, b in zip(sizes, samples, pixel_bytes)]
-    counts = shard_counts(len(samples), sizes, opts)
+    if mode != "jpeg":  # which images are stored as pixels, and what they take (pixels.py); a table refuses --store
+        raw, pixel_bytes = plan_raw(source.root, units, mode, share, opts.max_side)
+        sizes = [n + _pixel_delta(u, b) if b else n for n, u, b in zip(sizes, units, pixel_bytes)]
+    if source.blocks:
+        groups = group_units(sizes, [m.rows for m in measures], opts.shard_size, opts.samples_per_shard)
+    else:
+        groups = _runs(shard_counts(len(units), sizes, opts))
     suffix = FORMATS[opts.format][2]
-    shards, start = [], 0
-    for n, c in enumerate(counts):
-        shards.append(ShardPlan(n, shard_name(n, len(counts), suffix), tuple(samples[start:start + c]),
-                                raw=tuple(raw[start:start + c])))
-        start += c
-    tokens = token_plan(tok, opts.tokenize, opts.length, _field_names(source) if tok is not None else {},
-                        show(str(src_path)), columns=False)
-    job = _digest({"fastfeed": __version__, "kind": source.kind,
-                   "src": src_path if url_src else os.path.realpath(src_path),
-                   "options": opts.output_options(), "pillow": pillow,
+    shards = tuple(ShardPlan(n, shard_name(n, len(groups), suffix), tuple(units[a:b]),
+                             sum(m.rows for m in measures[a:b]), tuple(raw[a:b]),
+                             sum(m.files for m in measures[a:b]), sum(m.nbytes for m in measures[a:b]))
+                   for n, (a, b) in enumerate(groups))
+    content = source.content([(s.units, s.raw) for s in shards], opts.output_options(),
+                             tok.sha256 if tok is not None else None)
+    job = _digest({"fastfeed": __version__, "kind": source.kind, "src": source.location,
+                   "options": opts.output_options(), "pillow": content.pillow,
                    **({"tokenizer": tok.sha256} if tok is not None else {})})
-    content = _content_id(source, shards, opts, pillow, tok)
-    complete = check_destination(dst_path, source.kind, job, content, overwrite=opts.overwrite)
-    plan = PackPlan(
-        src=str(src_path), dst=str(dst_path), root=source.root, kind=source.kind, options=opts,
-        shards=tuple(shards), classes=source.classes, has_labels=source.has_labels,
-        skipped=tuple(source.skipped), manifest=source.manifest,
-        manifest_sha256=source.manifest_sha256, job=job, content=content, complete=complete,
-        pillow=pillow, tokens=tokens,
-    )
-    if not complete:
-        _prepare(plan)
-    log.info("%s: %d samples in %d shard(s) of %d-%d samples (%s of source files, %d skipped)",
-             show(str(src_path)), plan.num_samples, len(counts), min(counts), max(counts),
-             format_bytes(plan.total_bytes), len(source.skipped))
-    return plan
-
-
-def _plan_table(src: Any, dst: Path, opts: PackOptions, tok: Tokenizer | None) -> PackPlan:
-    """:func:`plan_pack` for parquet files and HF datasets: shards of whole units (row groups,
-    row ranges), in source order or, with ``shuffle``, in a seeded order of units."""
-    hf_object = not isinstance(src, (str, os.PathLike))
-    shown = "datasets.Dataset" if hf_object else show(os.fspath(src))
-    if not hf_object and Path(src).is_dir():
-        check_not_inside(Path(src).absolute(), dst)
-    if opts.store != "jpeg":
-        raise ConfigError(f"{shown}: store={opts.store!r} is for image folders, manifests and WebDataset tars; "
-                          "parquet/HF input stores its images encoded: drop --store (or pack the images from a folder)")
-    table = scan_parquet(src, columns=opts.columns, key=opts.key, on_error=opts.on_error)
-    table = split_units(table, opts.shard_size, opts.samples_per_shard)
-    names = {**{cf.field: cf.field for cf in table.fields if cf.field}, **{cf.column: cf.field for cf in table.fields}}
-    listed = [cf.column for cf in table.fields]
-    tokens = token_plan(tok, opts.tokenize, opts.length, names, shown, columns=True, listed=listed)
-    if opts.length is not None and tokens is None:
-        check_length_column(opts.length, names, shown, listed)
-    cut = table_shards(table, opts.shard_size, opts.samples_per_shard, opts.seed if opts.shuffle else None)
-    suffix = FORMATS[opts.format][2]
-    shards = tuple(ShardPlan(n, shard_name(n, len(cut), suffix), (), units, rows)
-                   for n, (units, rows) in enumerate(cut))
-    where = f"datasets.Dataset:{table.fingerprint}" if hf_object else os.path.realpath(os.fspath(src))
-    job = _digest({"fastfeed": __version__, "kind": table.kind, "src": where, "options": opts.output_options(),
-                   **({"tokenizer": tok.sha256} if tok is not None else {})})
-    content = table_content(table, [s.units for s in shards], opts.output_options(),
-                            tok.sha256 if tok is not None else None)
-    complete = check_destination(dst, table.kind, job, content, overwrite=opts.overwrite)
-    plan = PackPlan(
-        src=shown if hf_object else str(Path(src).absolute()), dst=str(dst), root=table.root, kind=table.kind,
-        options=opts, shards=shards, classes=None,
-        has_labels=any(cf.column in LABEL_COLUMNS for cf in table.fields), skipped=table.skipped,
-        manifest=None, manifest_sha256=None, job=job, content=content, complete=complete, table=table,
-        tokens=tokens,
-    )
+    complete = check_destination(dst, source.kind, job, content.id, overwrite=opts.overwrite)
+    plan = PackPlan(src=source.src, dst=str(dst), options=opts, shards=shards, skipped=tuple(source.skipped),
+                    job=job, content=content.id, source=source.for_writer(), complete=complete,
+                    pillow=content.pillow, tokens=tokens)
     if not complete:
         _prepare(plan)
     counts = [s.rows for s in shards]
-    log.info("%s: %d rows (%s) in %d shard(s) of %d-%d rows, %d skipped", shown, plan.num_samples, table.kind,
-             len(shards), min(counts), max(counts), len(table.skipped))
+    log.info("%s: %d samples (%s) in %d shard(s) of %d-%d samples (%s of source data, %d skipped)",
+             source.shown, plan.num_samples, source.kind, len(shards), min(counts), max(counts),
+             format_bytes(plan.total_bytes), len(source.skipped))
     return plan
-
-
-def _field_names(source: Source) -> dict[str, str]:
-    """Every name ``--tokenize``/``--length`` may use for a field of the source -> the field."""
-    names: dict[str, str] = {}
-    for s in source.samples:
-        for m in s.members:
-            names.setdefault(m.field, m.field)
-            if m.json_key is not None:
-                names.setdefault(m.json_key, m.field)
-    return names
 
 
 def shard_counts(n: int, sizes: list[int], opts: PackOptions) -> list[int]:
@@ -460,22 +412,45 @@ def shard_counts(n: int, sizes: list[int], opts: PackOptions) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num)]
 
 
-def _estimate(s: SampleSpec, fmt: str) -> int:
-    """Approximate bytes a sample takes in a shard (source sizes; inline JSON ~ its line)."""
-    total = 0
-    inline = s.line[1] if s.line is not None else 0
-    for m in s.members:
-        size = m.size if m.path is not None else len(m.data) if m.data is not None else inline
-        if fmt == "tar":
-            total += _TAR_MEMBER_OVERHEAD + size + (-size % 512)
-        else:
-            total += 16 + len(m.field) + size
-    if fmt == "lmdb":
-        total = 4096 * math.ceil((total + 64) / 4096) if total > 2000 else total + 64
-    return total
+def group_units(sizes: Sequence[int], rows: Sequence[int], shard_bytes: int,
+                shard_rows: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive blocks per shard, as ``(start, stop)``: a new shard starts when adding a block would
+    pass ``shard_bytes`` or ``shard_rows``; a block larger than that is a shard alone.
+
+    Deterministic: the same blocks and limits give the same shards (resume after a crash).
+
+    Example:
+        >>> group_units([100, 100, 100, 100], [3, 3, 3, 1], 250)
+        [(0, 2), (2, 4)]
+        >>> group_units([100, 100, 100, 100], [3, 3, 3, 1], 10**9, shard_rows=6)
+        [(0, 2), (2, 4)]
+    """
+    if shard_bytes <= 0 or (shard_rows is not None and shard_rows <= 0):
+        raise ConfigError(f"shard_bytes={shard_bytes}, shard_rows={shard_rows}: must be positive")
+    shards: list[tuple[int, int]] = []
+    start = nbytes = count = 0
+    for i, (size, n) in enumerate(zip(sizes, rows)):
+        over = nbytes + size > shard_bytes or (shard_rows is not None and count + n > shard_rows)
+        if i > start and over:
+            shards.append((start, i))
+            start, nbytes, count = i, 0, 0
+        nbytes += size
+        count += n
+    if len(sizes) > start:
+        shards.append((start, len(sizes)))
+    return shards
 
 
-def _pixel_delta(s: SampleSpec, pixel_bytes: int) -> int:
+def _runs(counts: list[int]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of ``counts`` items."""
+    out, start = [], 0
+    for c in counts:
+        out.append((start, start + c))
+        start += c
+    return out
+
+
+def _pixel_delta(s: Any, pixel_bytes: int) -> int:
     """How much a sample grows when its image is stored as ``pixel_bytes`` of pixels."""
     m = image_member(s)
     return pixel_bytes - (m.size if m is not None else 0)
@@ -483,29 +458,6 @@ def _pixel_delta(s: SampleSpec, pixel_bytes: int) -> int:
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _content_id(source: Source, shards: list[ShardPlan], opts: PackOptions, pillow: str | None,
-                tok: Tokenizer | None) -> str:
-    """Hash of what the output is made of: options, sample keys, fields, paths, sizes."""
-    h = hashlib.sha256()
-    h.update(json.dumps([__version__, source.kind, opts.output_options(), pillow, source.classes,
-                         source.manifest_sha256, *([tok.sha256] if tok is not None else [])], default=str).encode())
-    for sh in shards:
-        h.update(b"|shard")
-        if sh.raw:
-            h.update(bytes(sh.raw))
-        for s in sh.samples:
-            h.update(repr((s.key, s.label, [(m.field, m.path, m.size, m.data, m.json_key)
-                                            + (() if m.offset is None else (m.offset,))
-                                            for m in s.members])).encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:32]
-
-
-def _pillow_version() -> str:
-    import PIL
-
-    return str(PIL.__version__)
 
 
 def _prepare(plan: PackPlan) -> None:

@@ -14,9 +14,9 @@ Shards are not fsynced: a killed process loses nothing the kernel already has, a
 re-run re-checks every reused shard's checksum. Run ``fastfeed verify`` after a power
 failure.
 
-Samples of a folder or JSONL source are read by :mod:`fastfeed.packing.load` (all file
-reading goes through its :func:`~fastfeed.packing.load.read_source`); the rows of a
-table source, and tokenizing, come from :mod:`fastfeed.packing.stream`.
+The samples come from the plan's source (:func:`fastfeed.packing.load.shard_items`: the source
+reads its units, images are checked and re-encoded), tokenized by :mod:`fastfeed.packing.stream`
+when the plan has a tokenizer; the writer treats every input alike.
 
 Example:
     >>> plan = plan_pack("train", "train-ff")                       # doctest: +SKIP
@@ -33,21 +33,19 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from fastfeed.decode import roi
 from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
-from fastfeed.formats.naming import is_image
+from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
-from fastfeed.formats.naming import RAW_FIELD
-from fastfeed.packing.load import Problem, check_image, load_samples
 from fastfeed.packing.content.pixels import Pixels
+from fastfeed.packing.load import shard_items
 from fastfeed.packing.plan import RESTARTS_FIX, PackPlan, ShardPlan
-from fastfeed.packing.sources.base import Member, show
-from fastfeed.packing.stream import Item, table_items, with_tokens
+from fastfeed.packing.stream import with_tokens
 
 __all__ = ["ProgressFn", "ShardResult", "shard_fingerprint", "write_shard"]
 
@@ -112,14 +110,11 @@ class ShardResult:
 
 # ---------------------------------------------------------------- resume records
 def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
-    """Identity of a shard's inputs: the job, its samples, and their sizes and mtimes (a table:
-    the source's fingerprint and the shard's units)."""
-    h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.manifest_sha256}".encode())
-    if plan.table is not None:
-        h.update(f"|{plan.table.fingerprint}|{sorted(plan.table.dropped)}".encode())
-        h.update(repr([plan.table.units[i] for i in shard.units]).encode("utf-8", "surrogateescape"))
-    for s in shard.samples:
-        h.update(repr((s.key, s.label, s.line, s.members)).encode("utf-8", "surrogateescape"))
+    """Identity of a shard's inputs: the job, the source's identity (a manifest's checksum, the
+    table files' metadata), and the shard's units with their sizes and mtimes."""
+    h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.source.identity}".encode())
+    for unit in shard.units:
+        h.update(repr(unit).encode("utf-8", "surrogateescape"))
     if shard.raw:
         h.update(b"|raw" + bytes(shard.raw))
     return h.hexdigest()
@@ -204,36 +199,6 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
     return result
 
 
-def _items(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
-    """The planned samples of a folder / JSONL shard, loaded (bad ones raised or appended to ``skipped``)."""
-    for spec, loaded in load_samples(plan, shard.samples, shard.raw):
-        if isinstance(loaded, Problem):
-            if plan.options.on_error != "skip":
-                raise loaded.error(plan.root)
-            skipped.append({"path": show(loaded.where), "key": show(spec.key), "reason": loaded.reason})
-            continue
-        data, f, b, label, length = loaded
-        yield Item(spec.key, data, label, length, f, b)
-
-
-def _table_rows(plan: PackPlan, shard: ShardPlan, skipped: list[dict[str, str]]) -> Iterator[Item]:
-    """The rows of a table shard, their images re-encoded (``max_side``, ``jpeg_restarts``) as files are."""
-    items = table_items(plan, shard, skipped)
-    if plan.options.max_side is None and not plan.options.jpeg_restarts:
-        yield from items
-        return
-    for item in items:
-        try:
-            fields = {f: check_image(plan, Member(f, f"{item.key}.{f}", len(d), 0), d) if is_image(f) else d
-                      for f, d in item.fields.items()}
-        except Problem as p:
-            if plan.options.on_error != "skip":
-                raise p.error(plan.root) from None
-            skipped.append({"path": show(p.where), "key": show(item.key), "reason": p.reason})
-            continue
-        yield item._replace(fields=fields)
-
-
 def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
            progress: ProgressFn | None) -> ShardResult:
     dst = Path(plan.dst)
@@ -251,8 +216,7 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         raw_bytes = encoded_bytes = 0
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
-        items = _table_rows(plan, shard, skipped) if plan.table is not None else _items(plan, shard, skipped)
-        for item in with_tokens(plan, shard, items, skipped):
+        for item in with_tokens(plan, shard, shard_items(plan, shard, skipped), skipped):
             px = item.fields.get(RAW_FIELD) if stores_pixels else None
             if isinstance(px, Pixels):  # an image decoded for --store raw: its bytes, its shape for the index
                 item = item._replace(fields={**item.fields, RAW_FIELD: px.array.tobytes()})

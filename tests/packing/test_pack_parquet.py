@@ -257,7 +257,7 @@ def test_samples_per_shard_and_shard_size_inside_one_unit(tmp_path: Path, caplog
     idx = fastfeed.pack(ds, tmp_path / "hf-bytes", shard_size=ds.data.nbytes // 4, shuffle=False)
     assert len(idx.shards) >= 4 and idx.num_samples == 100
     _write(tmp_path / "one.parquet", 25, 0, row_group=25)  # one row group of 25 rows
-    with caplog.at_level("WARNING", logger="fastfeed.packing.content.tables"):
+    with caplog.at_level("WARNING", logger="fastfeed.packing.sources.table"):
         idx = fastfeed.pack(tmp_path / "one.parquet", tmp_path / "pq", samples_per_shard=10, shuffle=False,
                             key="id")
     assert [s.samples for s in idx.shards] == [10, 10, 5]

@@ -164,10 +164,10 @@ def test_parquet_to_packed_sequences_end_to_end(tok_file: Path, tmp_path: Path) 
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     from fastfeed.loading.order.seqpack import assemble, plan_seqpack
-    from fastfeed.packing.sources.parquet import iter_unit, scan_parquet
+    from fastfeed.packing.sources.table import iter_unit, scan_table
 
     pq.write_table(pa.table({"text": TEXTS}), tmp_path / "corpus.parquet", row_group_size=6)
-    src = scan_parquet(tmp_path / "corpus.parquet", columns="text=txt")
+    src = scan_table(tmp_path / "corpus.parquet", columns="text=txt")
     tok = load_tokenizer(tok_file)
     tokens: dict[int, np.ndarray] = {}
     lengths: list[int] = []

@@ -41,12 +41,11 @@ import numpy as np
 
 from fastfeed.decode.raw import fit_size, raw_bytes
 from fastfeed.errors import ConfigError
-from fastfeed.formats.naming import is_image, pick_image_field
-from fastfeed.packing.sources.base import Member, SampleSpec
-from fastfeed.packing.sources.remote import read as read_url
+from fastfeed.packing.sources.base import Member, SampleSpec, image_member
+from fastfeed.packing.sources.reader import read_source
 from fastfeed.storage.remote import is_url
 
-__all__ = ["STORES", "Pixels", "choose_raw", "image_member", "parse_store", "plan_raw", "store_name"]
+__all__ = ["STORES", "Pixels", "choose_raw", "parse_store", "plan_raw", "store_name"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -95,15 +94,6 @@ def store_name(mode: str, share: float) -> str:
     return f"mixed:{share:g}" if mode == "mixed" else mode
 
 
-def image_member(spec: SampleSpec) -> Member | None:
-    """The member of a sample that ``--store raw`` stores as pixels (the loader's image field), or None."""
-    fields = [m.field for m in spec.members if m.path is not None and is_image(m.field)]
-    name = pick_image_field(fields)
-    if name is None:
-        return None
-    return next(m for m in spec.members if m.field == name and m.path is not None)
-
-
 def _header_size(root: str, m: Member) -> tuple[int, int] | None:
     """Upright (height, width) of the image member, from its header (not decoded); None if unreadable."""
     from PIL import Image
@@ -111,7 +101,7 @@ def _header_size(root: str, m: Member) -> tuple[int, int] | None:
     path = os.path.join(root, m.path or "")
     try:
         if is_url(path):
-            src: Any = io.BytesIO(read_url(path, m.size, m.offset))
+            src: Any = io.BytesIO(read_source(path, m.size, m.offset))
         elif m.offset is not None:  # a member of a WebDataset tar
             with open(path, "rb") as f:
                 f.seek(m.offset)

@@ -15,9 +15,9 @@ like the local DST:
   fsspec file systems get a temporary name and a rename. A re-run reuses a published
   shard when its record matches the plan and the object's sha256 (streamed back)
   matches the record;
-- :func:`finalize_remote` runs :func:`fastfeed.packing.finish.finalize` in the staging folder and
-  uploads the sidecars, ``skipped.txt`` and, last, ``index.json``; then removes the
-  resume records and stale files of earlier runs.
+- after :func:`fastfeed.packing.finish.finalize` wrote the index in the staging folder,
+  :meth:`RemoteDest.publish_dataset` uploads the sidecars, ``skipped.txt`` and, last,
+  ``index.json``; then removes the resume records and stale files of earlier runs.
 
 Example:
     >>> idx = fastfeed.pack("train", "s3://bucket/train-ff", engine="ray")   # doctest: +SKIP
@@ -47,7 +47,6 @@ from fastfeed.packed.layout import (
     SKIPPED_NAME,
     resume_record,
 )
-from fastfeed.packing.finish import finalize
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.write import (
     ProgressFn,
@@ -57,7 +56,7 @@ from fastfeed.packing.write import (
 )
 from fastfeed.storage.remote import filesystem, with_retries
 
-__all__ = ["RemoteDest", "finalize_remote", "write_shard_remote"]
+__all__ = ["RemoteDest", "write_shard_remote"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -243,6 +242,24 @@ class RemoteDest:
     def load_index(self) -> DatasetIndex:
         return DatasetIndex.from_json(json.loads(self.read(INDEX_NAME)), root=self.url)
 
+    def publish_dataset(self, stage: str | os.PathLike[str], index: DatasetIndex) -> DatasetIndex:
+        """Publish what :func:`fastfeed.packing.finish.finalize` wrote into the staging folder ``stage``.
+
+        Sidecars and ``skipped.txt`` go first, ``index.json`` last; then the resume records
+        and objects of earlier runs that the index does not list are removed.
+
+        Example:
+            >>> dest.publish_dataset(plan.dst, finalize(plan, results))   # doctest: +SKIP
+        """
+        folder = Path(stage)
+        d = index.to_json()
+        for name in [*d["arrays"], SKIPPED_NAME]:
+            if (folder / name).is_file():
+                self.publish(folder / name, name)
+        self.publish(folder / INDEX_NAME, INDEX_NAME)
+        self.cleanup(keep=_index_files(d))
+        return replace(index, root=self.url)
+
 
 def _index_files(d: Mapping[str, Any]) -> list[str]:
     shards = d["shards"]
@@ -296,20 +313,3 @@ def write_shard_remote(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return result
-
-
-def finalize_remote(plan: PackPlan, results: Sequence[ShardResult], dest: RemoteDest) -> DatasetIndex:
-    """:func:`fastfeed.packing.finish.finalize` in the staging folder ``plan.dst``, then publish it.
-
-    Sidecars and ``skipped.txt`` go first, ``index.json`` last; then the resume records
-    and objects of earlier runs that the index does not list are removed.
-    """
-    index = finalize(plan, results)
-    stage = Path(plan.dst)
-    d = index.to_json()
-    for name in [*d["arrays"], SKIPPED_NAME]:
-        if (stage / name).is_file():
-            dest.publish(stage / name, name)
-    dest.publish(stage / INDEX_NAME, INDEX_NAME)
-    dest.cleanup(keep=_index_files(d))
-    return replace(index, root=dest.url)

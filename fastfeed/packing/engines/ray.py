@@ -62,17 +62,19 @@ from fastfeed.errors import (
     missing_dependency,
 )
 from fastfeed.packed.layout import JOB_RECORD, RESUME_DIR
-from fastfeed.packing.engines.objstore import RemoteDest, write_shard_remote
 from fastfeed.packing.plan import RESTARTS_FIX, PackPlan
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url
 
-__all__ = ["cluster_restarts", "connection", "require_ray", "run_ray", "shard_plan"]
+__all__ = ["Writer", "cluster_restarts", "connection", "require_ray", "run_ray", "shard_plan"]
 
 log = logging.getLogger("fastfeed.pack.ray")
 
 #: ``progress(files_done, files_total, bytes_done, bytes_total)``, as for the local engine.
 Progress = Callable[[int, int, int, int], None]
+#: Writes shard ``number`` of a plan somewhere other than ``plan.dst`` (``writer(plan, number)``), e.g.
+#: ``functools.partial(write_shard_remote, dest=...)`` (:mod:`fastfeed.packing.engines.objstore`).
+Writer = Callable[[PackPlan, int], ShardResult]
 _LOG_EVERY = 30.0
 
 
@@ -120,9 +122,8 @@ def _jpegroi_here() -> tuple[str, str]:
 def _check_visible(sub: PackPlan, local_dst: bool) -> None:
     """Fail clearly when this node cannot see SRC (or a folder DST) at the planned path."""
     node = _node()
-    where = os.path.join(sub.root, sub.manifest) if sub.manifest else sub.root
-    in_memory = sub.table is not None and sub.table.dataset is not None  # a datasets.Dataset travels in the plan
-    if not in_memory and not is_url(where) and not os.path.exists(where):
+    where = sub.source.root  # "" for a datasets.Dataset, which travels in the plan
+    if where and not is_url(where) and not os.path.exists(where):
         raise SourceError(
             f"{where}: not found on Ray node {node}; every node must see SRC at the same path "
             "(a shared file system), or pass SRC as a URL (s3://...)"
@@ -135,15 +136,16 @@ def _check_visible(sub: PackPlan, local_dst: bool) -> None:
         )
 
 
-def _write_task(sub: PackPlan, dest: RemoteDest | None, version: str) -> tuple[ShardResult, str]:
-    """One Ray task: write (or reuse) the single shard of ``sub``; returns (result, node)."""
+def _write_task(sub: PackPlan, writer: Writer | None, version: str) -> tuple[ShardResult, str]:
+    """One Ray task: write (or reuse) the single shard of ``sub`` (``writer``, or
+    :func:`~fastfeed.packing.write.write_shard` into the shared DST); returns (result, node)."""
     if version != __version__:
         raise ConfigError(
             f"Ray node {_node()} runs fastfeed {__version__}, the driver {version}; install the same "
             "fastfeed on every node (or pass it in the job's runtime_env)"
         )
-    _check_visible(sub, local_dst=dest is None)
-    result = write_shard(sub, 0) if dest is None else write_shard_remote(sub, 0, dest)
+    _check_visible(sub, local_dst=writer is None)
+    result = write_shard(sub, 0) if writer is None else writer(sub, 0)
     return result, _node()
 
 
@@ -315,7 +317,7 @@ def _failure(ray: Any, e: BaseException, shard: str, max_retries: int) -> BaseEx
 def run_ray(
     plan: PackPlan,
     *,
-    dest: RemoteDest | None = None,
+    writer: Writer | None = None,
     ray_address: str | None = None,
     max_retries: int = 3,
     progress: Progress | None = None,
@@ -324,8 +326,10 @@ def run_ray(
 
     Args:
         plan: from :func:`~fastfeed.packing.plan.plan_pack`, made on this (driver) machine.
-        dest: publish shards to this object-store prefix (``plan.dst`` is then a local
-            staging folder); None: write into ``plan.dst``, a folder every node sees.
+        writer: writes a shard elsewhere, e.g. publishes it to an object-store prefix
+            (``functools.partial(write_shard_remote, dest=dest)``; ``plan.dst`` is then a local
+            staging folder); None: :func:`~fastfeed.packing.write.write_shard` into ``plan.dst``,
+            a folder every node sees.
         ray_address: the cluster (``HOST:PORT`` of the head, ``"auto"``, ``ray://...``);
             None: the current connection, else ``RAY_ADDRESS``, else a new local Ray.
         max_retries: retries of a task whose worker or node died.
@@ -346,13 +350,13 @@ def run_ray(
     ray = _ray()
     owned = _connect(ray, ray_address)
     try:
-        return _run(ray, plan, dest, max_retries, _Meter(plan, progress))
+        return _run(ray, plan, writer, max_retries, _Meter(plan, progress))
     finally:
         if owned:
             ray.shutdown()
 
 
-def _run(ray: Any, plan: PackPlan, dest: RemoteDest | None, max_retries: int, meter: _Meter) -> list[ShardResult]:
+def _run(ray: Any, plan: PackPlan, writer: Writer | None, max_retries: int, meter: _Meter) -> list[ShardResult]:
     # SPREAD: shards are I/O-heavy and independent, so use every node's disks and network
     task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False,
                       scheduling_strategy="SPREAD")(_write_task)
@@ -367,7 +371,7 @@ def _run(ray: Any, plan: PackPlan, dest: RemoteDest | None, max_retries: int, me
             while todo and len(pending) < window:
                 n = todo.popleft()
                 name = plan.shards[n].name
-                ref = task.options(name=f"fastfeed-pack {name}").remote(shard_plan(plan, n), dest, __version__)
+                ref = task.options(name=f"fastfeed-pack {name}").remote(shard_plan(plan, n), writer, __version__)
                 pending[ref] = n
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             if ready:
@@ -387,7 +391,7 @@ def _run(ray: Any, plan: PackPlan, dest: RemoteDest | None, max_retries: int, me
     log.info("%s; %d reused from an earlier run; shards per node: %s", meter.line(), meter.reused,
              ", ".join(f"{node} {count}" for node, count in sorted(meter.nodes.items())))
     ordered = [results[n] for n in range(len(plan.shards))]
-    if dest is None:
+    if writer is None:
         _check_shards_here(plan, ordered)
     return ordered
 

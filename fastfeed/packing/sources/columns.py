@@ -3,7 +3,7 @@
 Used by :mod:`fastfeed.packing.sources.parquet` for parquet files and HF ``datasets``; knows
 pyarrow types but reads no file.
 
-A column's field name follows the JSONL rule (:func:`~fastfeed.packing.sources.jsonl.member_name`):
+A column's field name follows the rule of JSONL keys (:func:`member_name`, the one rule for both):
 a name that is already a WebDataset extension (``jpg``, ``txt``, ``cls``) is kept, otherwise
 the extension is appended (``caption`` -> ``caption.txt``). Without a ``columns`` mapping
 every column is packed, its extension chosen by its type:
@@ -49,7 +49,6 @@ from fastfeed.errors import ConfigError
 from fastfeed.formats.images import sniff
 from fastfeed.formats.naming import IMAGE_EXTENSIONS as IMAGE_EXTS
 from fastfeed.formats.naming import field_ext
-from fastfeed.packing.sources.jsonl import member_name
 
 __all__ = [
     "INT_EXTS",
@@ -59,6 +58,7 @@ __all__ = [
     "auto_field",
     "encode",
     "media_ext",
+    "member_name",
     "parse_columns",
     "resolve_columns",
 ]
@@ -71,6 +71,30 @@ INT_EXTS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
 LABEL_COLUMNS = ("cls", "label")
 _SNIFFED = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "webp", "tiff": "tif",
             "pnm": "ppm", "isobmff": "avif"}
+
+
+_KNOWN_FIELDS = IMAGE_EXTS | {
+    "txt", "text", "transcript", "cls", "cls2", "class", "count", "index", "inx", "id",
+    "json", "jsn", "npy", "npz", "wav", "flac", "mp3", "ogg", "mp4", "ten", "msgpack", "mpk",
+    "cbor", "bin", "seg",
+}
+
+
+def member_name(name: str, ext: str) -> str:
+    """Member (field) name for a JSON key or column ``name`` holding a value of extension ``ext``
+    (``txt`` for strings, ``json`` for other values, a file's extension).
+
+    A name that already contains a dot or is a WebDataset extension is used as is (lower
+    case); otherwise the extension is appended.
+
+    Example:
+        >>> member_name("image", "jpg"), member_name("jpg", "jpg"), member_name("caption", "txt")
+        ('image.jpg', 'jpg', 'caption.txt')
+    """
+    name = name.lower()
+    if "." in name or name in _KNOWN_FIELDS:
+        return field_ext(name)
+    return f"{name}.{field_ext(ext)}"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """HF ``datasets`` as a table source: a ``Dataset`` object or a ``save_to_disk`` folder.
 
-The part of :mod:`fastfeed.packing.sources.parquet` that knows ``datasets``: recognising its
+The part of :mod:`fastfeed.packing.sources.table` that knows ``datasets``: recognising its
 objects and folders, opening a folder memory-mapped (once per process), splitting the
 rows into ranges and reading a range as arrow record batches. Rows are read through
 ``Dataset.with_format("arrow")``, so an indices mapping (``select``, ``shuffle``) gives

@@ -1,16 +1,21 @@
 """JSONL manifests as a ``pack`` input: one JSON object per line, one sample per object.
 
-:func:`fastfeed.packing.sources.scan.scan` calls :func:`manifest_source` when SRC is one file (or
-object) of a :class:`~fastfeed.packing.sources.tree.Tree`. A string field naming an existing file
+:func:`fastfeed.packing.sources.detect.open_source` calls :func:`manifest_source` when SRC is one file
+(or object) of a :class:`~fastfeed.packing.sources.tree.Tree`. A string field naming an existing file
 (relative to the manifest) is stored as a member read from that file, named by
-:func:`member_name`; other strings are stored as text (``.txt``) and other values as JSON
-(``.json``). ``__key__`` gives the sample key (default: the line
+:func:`~fastfeed.packing.sources.columns.member_name`; other strings are stored as text (``.txt``) and
+other values as JSON (``.json``). ``__key__`` gives the sample key (default: the line
 number), ``cls`` or ``label`` (an int) its label. Bad lines are reported with the line
 number and the fix; with ``on_error="skip"`` they are left out and counted.
 
 Example:
-    >>> member_name("image", "jpg"), member_name("caption", "txt")
-    ('image.jpg', 'caption.txt')
+    >>> import pathlib, tempfile
+    >>> from fastfeed.packing.sources.tree import LocalTree
+    >>> tree = LocalTree(tempfile.mkdtemp())
+    >>> _ = pathlib.Path(tree.root, "texts.jsonl").write_text('{"caption": "a cat"}\\n')
+    >>> listing = read_manifest(tree, "texts.jsonl", Problems("raise", tree.shown))
+    >>> listing.kind, [(s.key, s.members[0].field) for s in listing.samples]
+    ('jsonl', [('000000000', 'caption.txt')])
 """
 
 from __future__ import annotations
@@ -27,45 +32,13 @@ from fastfeed.errors import (
     SourceError,
     UnsafePathError,
 )
-from fastfeed.formats.naming import IMAGE_EXTENSIONS, field_ext
-from fastfeed.packing.sources.base import (
-    MANIFEST_SUFFIXES,
-    Member,
-    Problems,
-    SampleSpec,
-    Source,
-    key_problem,
-    show,
-)
-from fastfeed.packing.sources.tree import FileStat, Tree
+from fastfeed.packing.sources.base import MANIFEST_SUFFIXES, Member, SampleSpec, key_problem, show
+from fastfeed.packing.sources.columns import member_name
+from fastfeed.packing.sources.tree import FileStat, Listing, Problems, Tree
 
-__all__ = ["manifest_source", "member_name", "read_manifest"]
+__all__ = ["manifest_source", "read_manifest"]
 
 _PATHLIKE = re.compile(r"[^\n\r\0]{1,1024}\.[A-Za-z0-9]{1,10}")
-
-_KNOWN_FIELDS = IMAGE_EXTENSIONS | {
-    "txt", "text", "transcript", "cls", "cls2", "class", "count", "index", "inx", "id",
-    "json", "jsn", "npy", "npz", "wav", "flac", "mp3", "ogg", "mp4", "ten", "msgpack", "mpk",
-    "cbor", "bin", "seg",
-}
-
-
-def member_name(name: str, ext: str) -> str:
-    """Member (field) name for JSON field ``name`` holding a file of extension ``ext``
-    (``txt`` for strings, ``json`` for other values).
-
-    A name that already contains a dot or is a WebDataset extension is used as is (lower
-    case); otherwise the extension is appended.
-
-    Example:
-        >>> member_name("image", "jpg"), member_name("jpg", "jpg"), member_name("caption", "txt")
-        ('image.jpg', 'jpg', 'caption.txt')
-    """
-    name = name.lower()
-    if "." in name or name in _KNOWN_FIELDS:
-        return field_ext(name)
-    return f"{name}.{field_ext(ext)}"
-
 
 def _manifest_lines(tree: Tree, name: str) -> Iterable[tuple[int, int, bytes]]:
     offset = 0
@@ -75,7 +48,7 @@ def _manifest_lines(tree: Tree, name: str) -> Iterable[tuple[int, int, bytes]]:
             offset += len(line)
 
 
-def manifest_source(tree: Tree, name: str, kind: str | None, problems: Problems) -> Source:
+def manifest_source(tree: Tree, name: str, kind: str | None, problems: Problems) -> Listing:
     """The source of ``pack`` when SRC is one file (or object) ``name`` of ``tree``: a JSONL manifest.
 
     Raises:
@@ -91,7 +64,7 @@ def manifest_source(tree: Tree, name: str, kind: str | None, problems: Problems)
     return read_manifest(tree, name, problems)
 
 
-def read_manifest(tree: Tree, name: str, problems: Problems) -> Source:
+def read_manifest(tree: Tree, name: str, problems: Problems) -> Listing:
     """The samples of a JSONL manifest (one JSON object per line), checked line by line.
 
     A string field naming an existing file (relative to the manifest) becomes a member read
@@ -100,8 +73,8 @@ def read_manifest(tree: Tree, name: str, problems: Problems) -> Source:
 
     Example:
         >>> tree = LocalTree("data")                                                  # doctest: +SKIP
-        >>> src = read_manifest(tree, "texts.jsonl", Problems("raise", tree.shown))   # doctest: +SKIP
-        >>> src.kind, src.manifest                                                    # doctest: +SKIP
+        >>> listing = read_manifest(tree, "texts.jsonl", Problems("raise", tree.shown))   # doctest: +SKIP
+        >>> listing.kind, listing.manifest                                            # doctest: +SKIP
         ('jsonl', 'texts.jsonl')
     """
     digest = hashlib.sha256()
@@ -146,7 +119,7 @@ def read_manifest(tree: Tree, name: str, problems: Problems) -> Source:
         seen[sample.key] = n + 1
         samples.append(sample)
     has_labels = any(s.label >= 0 for s in samples)
-    return Source("jsonl", tree.root, samples, manifest=name, manifest_sha256=digest.hexdigest(),
+    return Listing("jsonl", tree.root, samples, manifest=name, manifest_sha256=digest.hexdigest(),
                   has_labels=has_labels)
 
 

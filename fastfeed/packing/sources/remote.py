@@ -1,15 +1,15 @@
 """Pack sources on object storage (``fastfeed pack s3://bucket/train DST``), through fsspec.
 
 :class:`UrlTree` is the object-store :class:`~fastfeed.packing.sources.tree.Tree`:
-:func:`fastfeed.packing.sources.scan.scan` lists a prefix once (``fs.find``) and then applies
+:func:`fastfeed.packing.sources.detect.open_source` lists a prefix once (``fs.find``) and then applies
 exactly the grouping and checks of a local folder (ImageFolder, files by key, JSONL
 manifests), so a prefix and a local copy of it give the same samples and the same skips.
 Names starting with ``.`` are ignored, as locally; object stores have no symlinks,
 permission bits or FIFOs, so those checks do not apply (an object that cannot be read
 fails, or is skipped, when its shard is written).
 
-Reading (:func:`read`, used by :func:`fastfeed.packing.load.read_source`) fetches whole
-objects or byte ranges with :func:`fastfeed.storage.remote.with_retries`. Credentials and
+Reading an object (:func:`fastfeed.packing.sources.reader.read_source`) fetches it whole or a
+byte range of it with :func:`fastfeed.storage.remote.with_retries`. Credentials and
 endpoints come from the environment (``AWS_*`` variables, ``~/.aws``): of the driver
 for planning, and of every node for ``--engine ray``.
 
@@ -24,13 +24,12 @@ import datetime
 import os
 from typing import IO, Any
 
-from fastfeed.errors import BadFileError, SourceError
+from fastfeed.errors import SourceError
 from fastfeed.formats.naming import is_hidden
-from fastfeed.packing.sources.base import FileEntry, Problems
-from fastfeed.packing.sources.tree import FileStat
+from fastfeed.packing.sources.tree import FileEntry, FileStat, Problems
 from fastfeed.storage.remote import filesystem, with_retries
 
-__all__ = ["UrlTree", "read"]
+__all__ = ["UrlTree"]
 
 
 class UrlTree:
@@ -129,28 +128,3 @@ def _mtime_ns(info: dict[str, Any]) -> int:
         except ValueError:
             continue
     return 0
-
-
-def read(url: str, size: int, offset: int | None = None) -> bytes:
-    """The whole object (checking it still has ``size`` bytes), or ``size`` bytes at ``offset``.
-
-    Raises:
-        BadFileError: missing, unreadable, or changed since it was planned.
-    """
-    fs, path = filesystem(url)
-    start = offset or 0
-
-    def get() -> bytes:
-        if offset is None:
-            return bytes(fs.cat_file(path))
-        return bytes(fs.cat_file(path, start=start, end=start + size))
-
-    try:
-        data = with_retries(get, url, "read")
-    except (FileNotFoundError, PermissionError) as e:
-        why = "not found" if isinstance(e, FileNotFoundError) else "access denied"
-        raise BadFileError(f"{url}: cannot read ({why}); fix or remove the object, "
-                           "or pass --on-error skip") from None
-    if len(data) != size:
-        raise BadFileError(f"{url}: changed while packing ({len(data)} bytes, planned {size}); re-run pack")
-    return data

@@ -3,6 +3,7 @@
 :func:`batch_samples` turns a ``pyarrow.RecordBatch`` into :class:`Sample` s, or a
 :class:`RowProblem` for a row that cannot be stored (the caller knows the file and row
 group and applies ``on_error``). Values are taken out of arrow one column at a time.
+:func:`field_length` is a row's ``--length``.
 
 Example:
     >>> import pyarrow as pa
@@ -16,6 +17,8 @@ Sample(key='000000001', fields={'label.json': b'4'}, label=4)]
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
@@ -24,9 +27,9 @@ import numpy as np
 
 from fastfeed.errors import BadFileError, SourceError, UnsafePathError
 from fastfeed.packing.sources.columns import LABEL_COLUMNS, ColumnField, encode, media_ext
-from fastfeed.packing.sources.base import key_problem, show
+from fastfeed.packing.sources.base import LENGTH_TEXT_EXTS, key_problem, length_of_value, parse_length, show
 
-__all__ = ["RowProblem", "Sample", "batch_samples"]
+__all__ = ["RowProblem", "Sample", "batch_samples", "field_length"]
 
 
 class Sample(NamedTuple):
@@ -160,3 +163,32 @@ def _label(labels: list[list[Any] | None], j: int) -> int:
         if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return v
     return -1
+
+
+def field_length(fields: dict[str, bytes], spec: str) -> int:
+    """``--length spec`` of a table row: its field ``FIELD`` (or ``FIELD.<ext>``), read by extension.
+
+    Raises:
+        KeyError: no such field; ValueError/TypeError: no usable length there.
+
+    Example:
+        >>> field_length({"n.json": b"12", "caption.txt": b"a cat sat"}, "n"), field_length({"caption.txt": b"a b"}, "caption")
+        (12, 2)
+    """
+    name, sub = parse_length(spec)
+    low = name.lower()
+    found = [f for f in fields if f.lower() == low] or [f for f in fields if f.lower().startswith(low + ".")]
+    if not found:
+        raise KeyError(f"no field {name!r} (fields: {', '.join(sorted(fields))})")
+    field = found[0]
+    data = fields[field]
+    ext = field.rpartition(".")[2].lower()
+    if ext == "npy":
+        return int(np.load(io.BytesIO(data), allow_pickle=False).shape[0])
+    if sub is not None or ext in ("json", "jsn"):
+        value = json.loads(data)
+        return length_of_value(value[sub] if sub is not None else value)
+    text = data.decode("utf-8")
+    if ext in LENGTH_TEXT_EXTS:
+        return len(text.split())
+    return length_of_value(int(text.strip()))

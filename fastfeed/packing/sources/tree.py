@@ -1,17 +1,21 @@
-"""The local side of a ``pack`` source: a folder (or a manifest's folder) on this machine.
+"""The tree a listed source lives in, and what listing it finds.
 
-``pack`` scans a *tree* (:class:`Tree`): a local folder (:class:`LocalTree`) or an
-object-store prefix (:class:`fastfeed.packing.sources.remote.UrlTree`). :func:`fastfeed.packing.sources.scan.scan`
-runs the same grouping and checks over either; a tree only lists, stats, opens and
-tells whether a file is readable. Member paths are relative to ``Tree.root`` (or absolute).
+``pack`` lists a *tree* (:class:`Tree`): a local folder (:class:`LocalTree`) or an object-store
+prefix (:class:`fastfeed.packing.sources.remote.UrlTree`). A tree only lists, stats, opens and
+tells whether a file is readable; member paths are relative to ``Tree.root`` (or absolute). What
+is found becomes a :class:`Listing` (samples, plus what was left out and why), and
+:class:`Problems` collects what is wrong: with ``on_error="raise"`` the first problem is raised
+(mentioning how many more there are), with ``"skip"`` the sample is left out and recorded.
 
 Listing a local folder follows symlinks (a loop, a broken link, a FIFO or an unreadable
 folder is a problem naming the path); names starting with ``.`` are never samples and are
 returned as ignored.
 
 Example:
-    >>> tree = LocalTree("/data/train")                                   # doctest: +SKIP
-    >>> files, top_dirs, ignored = tree.list(Problems("raise", tree.shown))  # doctest: +SKIP
+    >>> import tempfile
+    >>> tree = LocalTree(tempfile.mkdtemp())
+    >>> tree.list(Problems("raise", tree.shown))
+    ([], [], [])
 """
 
 from __future__ import annotations
@@ -19,14 +23,70 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple, Protocol
 
-from fastfeed.errors import BadFileError, UnsafePathError
+from fastfeed.errors import BadFileError, SourceError, UnsafePathError
 from fastfeed.formats.naming import is_hidden
-from fastfeed.packing.sources.base import FileEntry, Problems, show
+from fastfeed.packing.sources.base import SampleSpec, show
 
-__all__ = ["FileStat", "LocalTree", "Tree"]
+__all__ = ["FileEntry", "FileStat", "Listing", "LocalTree", "Problems", "Tree"]
+
+
+class FileEntry(NamedTuple):
+    """One file of a listed folder or prefix: its path relative to the root, size, mtime."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Listing:
+    """The samples found in a tree, plus what was left out and why (mutable while the checks run)."""
+
+    kind: str
+    root: str
+    samples: list[SampleSpec]
+    classes: tuple[str, ...] | None = None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    manifest_sha256: str | None = None
+    has_labels: bool = False
+
+
+class Problems:
+    """Collects source problems: raise them (``raise``) or record them as skips (``skip``)."""
+
+    def __init__(self, on_error: str, src: str) -> None:
+        self.on_error = on_error
+        self.src = src
+        self.errors: list[SourceError] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def report(self, cls: type[SourceError], where: str, reason: str, fix: str, key: str = "") -> None:
+        """Record one problem at ``where`` (a path relative to SRC, or ``manifest:LINE``)."""
+        if self.on_error == "skip":
+            self.skipped.append({"path": show(where), "key": show(key), "reason": reason})
+            return
+        self.errors.append(cls(f"{show(os.path.join(self.src, where))}: {reason}; {fix}"))
+
+    def leave_out(self, where: str, reason: str, key: str = "") -> None:
+        """Record an input left out on purpose whatever ``on_error`` (a stray file next to an ImageFolder's images)."""
+        self.skipped.append({"path": show(where), "key": show(key), "reason": reason})
+
+    def raise_if_any(self) -> None:
+        """Raise the first problem (naming how many more there are), if any."""
+        if not self.errors:
+            return
+        first, rest = self.errors[0], self.errors[1:]
+        if not rest:
+            raise first
+        more = "; ".join(str(e) for e in rest[:4])
+        extra = f" and {len(rest) - 4} more" if len(rest) > 4 else ""
+        raise type(first)(f"{first} (also {len(rest)} more problem(s): {more}{extra})") from None
 
 
 class FileStat(NamedTuple):

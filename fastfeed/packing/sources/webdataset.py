@@ -9,8 +9,8 @@ keys and fields stay what they were. Each member is a :class:`~fastfeed.packing.
 with the tar as its path and the member's data offset; labels come from ``cls`` members.
 
 Example:
-    >>> src = scan("wds-train", input=None, on_error="raise")   # doctest: +SKIP
-    >>> src.kind, src.samples[0].members[0].offset              # doctest: +SKIP
+    >>> src = open_source("wds-train")                          # doctest: +SKIP
+    >>> src.kind, src.units[0].members[0].offset                # doctest: +SKIP
     ('webdataset', 1536)
 """
 
@@ -18,16 +18,8 @@ from __future__ import annotations
 
 from fastfeed.errors import BadFileError, ConfigError, ShardError, UnsafePathError
 from fastfeed.formats.wds import ScannedShard, scan_tar
-from fastfeed.packing.sources.base import (
-    FileEntry,
-    Member,
-    Problems,
-    SampleSpec,
-    Source,
-    key_problem,
-    show,
-)
-from fastfeed.packing.sources.tree import Tree
+from fastfeed.packing.sources.base import Member, SampleSpec, key_problem, show
+from fastfeed.packing.sources.tree import FileEntry, Listing, Problems, Tree
 from fastfeed.storage.shardlist import is_shard_name
 
 __all__ = ["is_tar_source", "webdataset_source"]
@@ -40,7 +32,7 @@ def is_tar_source(files: list[FileEntry]) -> bool:
     return bool(files) and all(is_shard_name(f.rel) for f in files)
 
 
-def webdataset_source(tree: Tree, files: list[FileEntry], problems: Problems) -> Source:
+def webdataset_source(tree: Tree, files: list[FileEntry], problems: Problems) -> Listing:
     """The samples of the WebDataset tars ``files`` of ``tree``, member by member.
 
     Raises:
@@ -77,7 +69,7 @@ def webdataset_source(tree: Tree, files: list[FileEntry], problems: Problems) ->
             specs = tuple(Member(ext, f.rel, size, f.mtime_ns, offset=off) for ext, off, size in sorted(members))
             samples.append(SampleSpec(key, specs))
     has_labels = any(m.field == "cls" for s in samples for m in s.members)
-    return Source("webdataset", tree.root, samples, ignored=ignored, has_labels=has_labels)
+    return Listing("webdataset", tree.root, samples, ignored=ignored, has_labels=has_labels)
 
 
 def _scan(tree: Tree, f: FileEntry, problems: Problems) -> ScannedShard | None:
