@@ -201,6 +201,8 @@ def doctor(
         image_size: the output size training uses; ``"auto"``: 224 when the dataset has
             images (and is decoded), else None, as ``tune``.
         decode: ``"cpu"``, ``"dali"`` or None (raw bytes), as given to ``loader()``.
+        dali: with ``decode="dali"``, training's DALI options; with ``decode="cpu"``, those of
+            the DALI stage measured beside it (``Dali(device_id=None)`` measures DALI on the CPU).
         num_workers: the loader's workers (with ``workers=Workers(prefetch_factor=)``, its
             setting); ``"auto"`` is what ``loader()`` would use (a ``fastfeed tune`` result,
             else its heuristic).
@@ -242,8 +244,9 @@ def doctor(
     cores_per_rank = max(1, cores // ranks)
     options = measured_options(batch_size=batch_size, decode=decode, image_size=size, seed=seed,
                                loader_kwargs=loader_kwargs, caller="doctor", augment=augment, transform=transform,
-                               seq_len=seq_len, cache_dir=cache_dir, crop=crop, workers=workers, dali=dali,
-                               storage=storage, tokens=tokens, order=order, rank=0, world_size=1)
+                               seq_len=seq_len, cache_dir=cache_dir, crop=crop, workers=workers,
+                               dali=dali if decode == "dali" else None, storage=storage, tokens=tokens, order=order,
+                               rank=0, world_size=1)
     storage_options = options.storage.options
     num, pf, workers_from = resolve_auto(index, batch_size=batch_size, decode=decode, image_size=size,
                                          num_workers=num_workers, prefetch_factor=options.workers.prefetch_factor)
@@ -261,7 +264,7 @@ def doctor(
         if on_stage is not None:
             on_stage(stage)
 
-    run = Run(path_s, setting, options, Budget(budget, plan), emit)
+    run = Run(path_s, setting, options, Budget(budget, plan), emit, dali=dali)
     profile, images, balance = _measure(
         run, index, source=source, demand=demand, step=step_time if step_time is not None else
         batch_size / demand if demand else None, workers_from=workers_from, dali_skip=dali_skip, world=world,
@@ -332,4 +335,4 @@ def _report(f: Facts, index: DatasetIndex, findings: tuple[Finding, ...], limiti
                         input_bound, headroom, findings, stages, elapsed)
 
 
-fill_doc(doctor, LoaderOptions, names=LOADER_OPTIONS, marker="{loader options}")
+fill_doc(doctor, LoaderOptions, names=[n for n in LOADER_OPTIONS if n != "dali"], marker="{loader options}")

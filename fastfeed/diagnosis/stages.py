@@ -63,6 +63,7 @@ class Run:
     options: LoaderOptions  # training's loader options (tuning.api.measured_options)
     budget: Budget
     emit: Callable[[Stage], None]
+    dali: Any = None  # the DALI stage's options (a fastfeed.Dali or a dict of them); None: training's
 
     @property
     def batch_size(self) -> int:
@@ -225,7 +226,8 @@ def dali_stage(run: Run, skip: str | None) -> None:
     o = run.options
     try:  # training's crops, storage and order; what only worker processes do (transform, workers) has no DALI twin
         dali = measured_options(batch_size=o.batch_size, decode="dali", image_size=o.image_size, seed=o.seed,
-                                augment=o.augment, cache_dir=o.cache_dir, crop=o.crop, dali=o.dali,
+                                augment=o.augment, cache_dir=o.cache_dir, crop=o.crop,
+                                dali=o.dali if run.dali is None else run.dali,
                                 storage=o.storage, order=o.order, rank=o.rank, world_size=o.world_size)
         m = measure_loader(run.path, Setting(0, None), options=dali, seconds=run.budget["dali"] / 1.5)
     except FastfeedError as e:
