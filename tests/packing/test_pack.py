@@ -19,7 +19,6 @@ from fastfeed.errors import DestinationError, IndexMismatchError
 from fastfeed.formats import FORMATS
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packing.api import finalize, pack, plan_pack, write_shard
-from fastfeed.packing.plan import PackOptions, shard_counts
 
 
 def _sources(root: Path) -> dict[str, bytes]:
@@ -64,12 +63,6 @@ def test_no_shuffle_keeps_key_order(small_image_folder: Path, tmp_path: Path) ->
     idx = pack(small_image_folder, tmp_path / "o", shuffle=False, samples_per_shard=25)
     keys = [s["__key__"] for s in shard_samples(tmp_path / "o")]
     assert keys == sorted(keys) and list(idx.shard_counts) == [20, 20, 20]
-
-
-@pytest.mark.parametrize("n,per,expected", [(10, 4, [4, 3, 3]), (9, 3, [3, 3, 3]), (7, 100, [7]),
-                                            (1001, 100, [91] * 11), (5, 1, [1] * 5)])
-def test_shard_counts_balanced(n: int, per: int, expected: list[int]) -> None:
-    assert shard_counts(n, [1] * n, PackOptions(samples_per_shard=per)) == expected
 
 
 def test_shard_size_cuts_by_bytes(small_image_folder: Path, tmp_path: Path) -> None:

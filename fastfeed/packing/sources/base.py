@@ -5,7 +5,7 @@
 - :class:`~fastfeed.packing.sources.samples.SampleSource`, whose units are the samples themselves
   (:class:`SampleSpec`: a key, its :class:`Member` fields and where their bytes come from): an
   ImageFolder, files grouped by key, a JSONL manifest, WebDataset tars; local or on object storage;
-- :class:`~fastfeed.packing.sources.parquet.TableSource`, whose units are blocks of rows (parquet
+- :class:`~fastfeed.packing.sources.table.TableSource`, whose units are blocks of rows (parquet
   row groups, ranges of a HF dataset), streamed one record batch at a time.
 
 The planner (:func:`fastfeed.packing.plan.plan_pack`) orders the units and cuts them into shards
@@ -237,7 +237,6 @@ class Source(Protocol):
 
     @property
     def fields(self) -> Fields: ...
-
 
     def measure(self, unit: Any, fmt: str) -> Measure:
         """Rows, estimated shard bytes (``fmt``: ``tar`` or ``lmdb``), files and bytes read of ``unit``."""
