@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import numpy as np
-from _dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
+from loading.dali._dali_data import DALI_CPU, corrupt_samples, require_dali, tar_dataset
 
 import fastfeed
 from fastfeed.errors import ConfigError, FastfeedError, SampleError

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loading._planning import all_ranks, delivered, epoch_multiset, shard_counts
+from loading.order._planning import all_ranks, delivered, epoch_multiset, shard_counts
 
 from fastfeed.errors import ConfigError
 from fastfeed.loading.order.mixing import (

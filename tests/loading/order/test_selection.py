@@ -9,7 +9,7 @@ import pytest
 from _loader_data import write_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loading._planning import all_ranks, delivered, shard_counts
+from loading.order._planning import all_ranks, delivered, shard_counts
 
 from fastfeed.errors import ConfigError
 from fastfeed.loading.order.rankplan import plan_rank, plan_spec

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from _dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
+from loading.dali._dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
 from _dist import epoch_keys, run_ranks
 import torch
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from _dali_data import dali_cpu
+from loading.dali._dali_data import dali_cpu
 
 import fastfeed
 from fastfeed.loading.dali.pipeline import _AHEAD, DaliLoader

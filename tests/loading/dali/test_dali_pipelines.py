@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from _dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
+from loading.dali._dali_data import corrupt_samples, dali_cpu, require_dali, tar_dataset, write_image_folder
 from tools.synth import make_jpeg
 
 import fastfeed
