@@ -149,7 +149,8 @@ class ShardCache:
                 if size > self.capacity:
                     raise ConfigError(
                         f"{name}: {format_bytes(size)} does not fit cache_size={format_bytes(self.capacity)}; "
-                        "raise cache_size (at least two shards per process on this host) or pass cache_dir=None"
+                        "raise it (at least two shards per process on this host: loader(..., "
+                        "storage=fastfeed.Storage(cache_size=...))) or pass cache_dir=None"
                     )
                 self.evict(reserve=size)
             part = self.root / _TMP / f"{name}.{self._host}.{os.getpid()}.{secrets.token_hex(4)}.part"
@@ -203,7 +204,7 @@ class ShardCache:
                 self._warned_small = True
                 log.warning(
                     "%s: cache_size=%s is smaller than the shards in use at once (%s); "
-                    "raise cache_size to at least two shards per process on this host",
+                    "raise it to at least two shards per process on this host (storage=fastfeed.Storage(cache_size=...))",
                     self.root, format_bytes(self.capacity), format_bytes(total + reserve),
                 )
         return freed

@@ -110,8 +110,8 @@ def _permanent_error(exc: BaseException, url: str) -> FastfeedError | None:
     if "NoCredentialsError" in names or "PartialCredentialsError" in names:
         return RemoteError(
             f"{url}: no credentials found ({exc}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "or AWS_PROFILE, or pass storage_options={'key': ..., 'secret': ...} "
-            "(storage_options={'anon': True} for public buckets)"
+            "or AWS_PROFILE, or pass the fsspec options {'key': ..., 'secret': ...} ({'anon': True} for public "
+            "buckets): loader(..., storage=fastfeed.Storage(options=...)), pack(..., storage_options=...)"
         )
     if isinstance(exc, PermissionError):
         return RemoteError(
@@ -146,8 +146,8 @@ def with_retries(fn: Callable[[], T], url: str, what: str, retry: RetryPolicy | 
                 raise RemoteError(
                     f"{url}: {what} failed {policy.attempts} times, last with "
                     f"{type(e).__name__}: {e}; check that the endpoint is reachable "
-                    "(storage_options={'client_kwargs': {'endpoint_url': ...}} or AWS_ENDPOINT_URL "
-                    "for s3://) and the network, or allow more attempts with "
+                    "(the fsspec option {'client_kwargs': {'endpoint_url': ...}}: loader(..., storage=fastfeed.Storage("
+                    "options=...)), pack(..., storage_options=...); or AWS_ENDPOINT_URL for s3://) and the network, or allow more attempts with "
                     "retry=RetryPolicy(attempts=..., max_delay=...)"
                 ) from e
             log.info("%s: %s failed (%s: %s); retry %d/%d in %.2fs", url, what, type(e).__name__, e,
