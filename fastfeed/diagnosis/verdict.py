@@ -32,6 +32,7 @@ from fastfeed.decode import roi
 from fastfeed.decode.image import turbo_available
 from fastfeed.diagnosis.probes import ImageStats
 from fastfeed.diagnosis.report import Finding, Stage
+from fastfeed.diagnosis.vocabulary import stage_label
 from fastfeed.loading.bottleneck import INPUT_BOUND, LoadProfile, diagnose
 
 __all__ = ["Facts", "conclude"]
@@ -141,15 +142,8 @@ def _more_workers_help(f: Facts) -> bool:
     return f.num_workers < f.cores_per_rank and decode_all is not None and decode_all > MORE_WORKERS * loader
 
 
-_LABELS = {"storage": "storage", "decode": "decode + augmentation on the CPU", "transfer":
-           "the hand-off from the workers to the training loop", "input-bound": "the loader"}
-
-
 def _label(kind: str, f: Facts) -> str:
-    if kind == "workers":
-        return "num_workers=0 (loading in the training process)" if f.num_workers == 0 else \
-            f"too few workers ({f.num_workers})"
-    return _LABELS.get(kind, kind)
+    return stage_label(kind, f.num_workers)  # the words the step monitor uses too
 
 
 # ---------------------------------------------------------------------- why and fix, per kind
