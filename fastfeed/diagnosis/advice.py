@@ -38,7 +38,7 @@ from typing import Any
 
 from fastfeed._util import format_bytes
 from fastfeed.diagnosis.attribution import Attribution
-from fastfeed.diagnosis.vocabulary import stage_label
+from fastfeed.diagnosis.vocabulary import pct, stage_label
 from fastfeed.loading.bottleneck import LoadProfile, diagnose
 
 __all__ = ["LOSS", "IMBALANCE", "LoaderFacts", "RunFacts", "Verdict", "decide"]
@@ -51,6 +51,8 @@ IMBALANCE = 1.10
 BURSTY = 0.5
 #: Host memory under this share available is pressure.
 LOW_MEMORY = 0.10
+#: Gradient bytes per step under which no bus bandwidth is reported (the time is latency).
+MIN_BUS_BYTES = 1e6
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,11 @@ class Verdict:
 
 
 def bus_bandwidth(a: Attribution, f: RunFacts) -> float | None:
-    """GB/s of the gradient all-reduce as nccl-tests reports it: 2(n-1)/n x bytes / time."""
-    if f.world_size < 2 or not f.collective_bytes or a.span_units == 0 or a.span_s <= 0:
+    """GB/s of the gradient all-reduce as nccl-tests reports it: 2(n-1)/n x bytes / time.
+
+    None below :data:`MIN_BUS_BYTES` per step, where latency, not bandwidth, sets the time.
+    """
+    if f.world_size < 2 or f.collective_bytes < MIN_BUS_BYTES or a.span_units == 0 or a.span_s <= 0:
         return None
     per_step = a.span_s / a.span_units
     return 2 * (f.world_size - 1) / f.world_size * f.collective_bytes / per_step / 1e9
@@ -231,12 +236,12 @@ def _input_bound(a: Attribution, f: RunFacts) -> Verdict:
     pattern = (f"the wait comes in bursts (median {_ms(a.data_p50_s)}, mean {_ms(a.data_mean_s)} per step)" if bursty
                else f"the wait is steady (median {_ms(a.data_p50_s)}, mean {_ms(a.data_mean_s)} per step)")
     if one_rank:
-        title = (f"input-bound on {_rank(f, k)}: its loader waits {own:.0%} of step time, the other ranks' "
-                 f"{rest:.0%}; they wait for it {a.shares['wait']:.0%} of step time")
+        title = (f"input-bound on {_rank(f, k)}: its loader waits {pct(own)} of step time, the other ranks' "
+                 f"{pct(rest)}; they wait for it {pct(a.shares['wait'])} of step time")
         fix = (f"{_rank(f, k)} reads the same data with the same code more slowly: look at that host (its storage "
                "or cache_dir, other jobs on its cores, its CPU clocks); then: " + _input_fix(kind, a, f, k))
     else:
-        title = f"input-bound: the slowest rank of each step waited {a.critical_data:.0%} of step time for data"
+        title = f"input-bound: the slowest rank of each step waited {pct(a.critical_data)} of step time for data"
         fix = _input_fix(kind, a, f, k)
     if bursty and kind not in ("workers",):
         fix = ("the loader keeps up on average but delivers in bursts: raise prefetch_factor "
@@ -253,15 +258,15 @@ def _ranks_wait(a: Attribution, f: RunFacts) -> Verdict:
         same = sum(1 for r in f.slowest_by_window if r == k)
         windows = (f", and in {same} of {len(f.slowest_by_window)} windows" if len(f.slowest_by_window) > 1 else "")
         title = (f"straggler: {_rank(f, k)} is the slowest in {a.slowest_share:.0%} of steps{windows}; the other "
-                 f"ranks wait {wait:.0%} of step time for it")
+                 f"ranks wait {pct(wait)} of step time for it")
         why = (f"the slowest rank's compute is {a.imbalance:.2f}x the mean rank's per step, and it is the same rank: "
                "with the same code and batch shapes, its host or GPU is slower")
         fix = (f"look at {_rank(f, k)}: GPU clocks, temperature and throttle reasons (`nvidia-smi -q -d "
                "CLOCK,TEMPERATURE,PERFORMANCE`), other processes on its GPU or cores, its CPU frequency; drain or "
                f"replace the node if it stays slow (without the wait: ~{a.gain:.2f}x steps/s)")
         return Verdict("straggler", title, why, fix)
-    title = (f"imbalanced: ranks wait {wait:.0%} of step time for the slowest, and the slowest rank changes "
-             f"(the most frequent, rank {k}, in {a.slowest_share:.0%} of steps)")
+    title = (f"imbalanced: ranks wait {pct(wait)} of step time for the slowest, and the slowest rank changes "
+             f"(the most frequent, rank {k}, in {pct(a.slowest_share)} of steps)")
     why = (f"the slowest rank's compute is {a.imbalance:.2f}x the mean rank's per step: the work per batch varies "
            "(sequence lengths, image shapes), so every step waits for whichever rank drew the costliest batch")
     fix = ("balance the cost per step: batch_sampler=fastfeed.DistributedTokenBudgetSampler(lengths, max_cost=..., "
@@ -273,8 +278,8 @@ def _ranks_wait(a: Attribution, f: RunFacts) -> Verdict:
 
 def _communication(a: Attribution, f: RunFacts) -> Verdict:
     bw = bus_bandwidth(a, f)
-    title = f"communication-bound: gradient collectives that compute does not hide take {a.shares['collective']:.0%} " \
-            "of step time"
+    title = (f"communication-bound: gradient collectives that compute does not hide take "
+             f"{pct(a.shares['collective'])} of step time")
     why = f"{format_bytes(f.collective_bytes)} of gradients per step over {f.world_size} ranks"
     if bw is not None:
         why += (f"; achieved bus bandwidth {bw:,.3g} GB/s (2(n-1)/n x bytes / time, as nccl-tests computes it): "
@@ -286,7 +291,7 @@ def _communication(a: Attribution, f: RunFacts) -> Verdict:
 
 
 def _compute(a: Attribution, f: RunFacts) -> Verdict:
-    title = f"compute-bound: {a.shares['compute']:.0%} of step time is compute"
+    title = f"compute-bound: {pct(a.shares['compute'])} of step time is compute"
     k = a.slowest_rank
     p = f.loader(k).profile(a.share_of(k, "data"))
     headroom = None

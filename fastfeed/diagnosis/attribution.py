@@ -291,7 +291,7 @@ def attribute(t: StepTimes) -> Attribution:
         zero = {c: 0.0 for c in CATEGORIES}
         return Attribution(t.ranks, 0, 0, seconds, zero, 0.0, 0.0, 1.0, 1.0, 0, (0,) * t.ranks,
                            (0.0,) * t.ranks, 0.0, 0.0, per_rank=per_rank)
-    unit_time = s.total.mean(axis=0)
+    unit_time = s.total.max(axis=0)  # in lockstep every rank's; else the step lasted the longest rank's
     total = float(unit_time.sum())
     slow = np.argmax(s.busy, axis=0)
     cols = np.arange(units)

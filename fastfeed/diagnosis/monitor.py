@@ -51,10 +51,10 @@ import numpy as np
 from fastfeed.diagnosis.attribution import COLUMNS, StepTimes, attribute
 from fastfeed.diagnosis.clocks import CudaClock, HostClock, StepRecord, make_clock
 from fastfeed.diagnosis.exchange import Exchange, LocalExchange, pack, unpack
+from fastfeed.diagnosis.feed import LoaderProbe, memory_available, to_device
 from fastfeed.diagnosis.monitor_report import MonitorReport, WindowSummary, build_report, samples_rate
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count
-from fastfeed.loading.stats import LoaderStats
 from fastfeed.timing.measure import count_samples
 
 __all__ = ["StepMonitor"]
@@ -65,77 +65,6 @@ def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"StepMonitor({name}={value!r}): must be an integer >= {low}")
     return value
-
-
-def _memory_available() -> float:
-    """The share of host memory available now (``/proc/meminfo``), NaN where unknown."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return float("nan")
-
-
-def to_device(batch: Any, device: Any) -> Any:
-    """The batch with every tensor moved to ``device`` (``non_blocking``); other values as they are."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-class _LoaderProbe:
-    """What the monitor reads from the loader it iterates: its kind, settings and (fastfeed) stage times."""
-
-    def __init__(self, loader: Any) -> None:
-        from torch.utils.data import DataLoader
-
-        inner = getattr(loader, "iterables", loader)  # Lightning's CombinedLoader around one loader
-        loader = inner if not isinstance(inner, (dict, list, tuple)) else loader
-        stats = getattr(loader, "stats", None)
-        self.stats: LoaderStats | None = stats if isinstance(stats, LoaderStats) else None
-        self.kind = "fastfeed" if self.stats is not None else (
-            "dataloader" if isinstance(loader, DataLoader) else "iterable")
-        workers, prefetch = getattr(loader, "num_workers", None), getattr(loader, "prefetch_factor", None)
-        self.num_workers = workers if isinstance(workers, int) else None
-        self.prefetch_factor = prefetch if isinstance(prefetch, int) else None
-        root = getattr(getattr(loader, "index", None), "root", None)
-        self.path = str(root) if root else None
-        self._summary = self.stats.summary() if self.stats is not None else None
-        self._seen = (-1, -1, 0.0)  # stats.passes, window start step, window wait_s
-
-    def facts(self) -> dict[str, Any]:
-        return {"kind": self.kind, "num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
-                "path": self.path}
-
-    def delta(self) -> dict[str, float]:
-        """The workers' seconds since the last call (fastfeed loaders; else empty)."""
-        if self.stats is None:
-            return {}
-        now = self.stats.summary()
-        before, self._summary = self._summary or {}, now
-        keys = {"read_s": "read_s", "decode_s": "decode_s", "cpu_s": "load_cpu_s", "load_batches": "load_batches",
-                "load_step_s": "step_s"}
-        return {k: float(now.get(v, 0.0)) - float(before.get(v, 0.0)) for k, v in keys.items()}
-
-    def wait_since(self) -> float | None:
-        """Seconds the loader's ``next()`` waited since the last call (fastfeed stats), or None."""
-        s = self.stats
-        if s is None:
-            return None
-        w = s.window()  # cheap; its start moves only when the loader logs its own line
-        start = w["last_step"] - w["steps"]
-        passes, seen_start, seen_wait = self._seen
-        wait = w["wait_s"] - seen_wait if start == seen_start else w["wait_s"]
-        if passes != s.passes and passes >= 0:
-            wait += s.first_batch_s  # the first batch of a pass is kept apart from the steady waits
-        self._seen = (s.passes, start, w["wait_s"])
-        return max(0.0, wait)
 
 
 class StepMonitor:
@@ -180,7 +109,7 @@ class StepMonitor:
         self._clock_kind = clock
         self._clock: HostClock | CudaClock | None = None
         self._exchange: Exchange | LocalExchange | None = None
-        self._probe: _LoaderProbe | None = None
+        self._probe: LoaderProbe | None = None
         self.watched = False
         self.rank, self.world_size = 0, 1
         self.steps = 0  # steps ended so far
@@ -266,7 +195,7 @@ class StepMonitor:
 
     def attach(self, loader: Any) -> None:
         """Read the stage times and settings of ``loader`` (``mon(dl)`` does it; callbacks call it)."""
-        self._probe = _LoaderProbe(loader)
+        self._probe = LoaderProbe(loader)
 
     # ------------------------------------------------------------------ the steps
     def __call__(self, iterable: Iterable[Any], *, device: Any = None) -> Iterator[Any]:
@@ -359,7 +288,7 @@ class StepMonitor:
         import torch.distributed as dist
 
         facts = {"host": socket.gethostname(), "pid": os.getpid(), "cores": cpu_count(),
-                 "local_ranks": _local_ranks(), "loader": (self._probe or _LoaderProbe(None)).facts()}
+                 "local_ranks": _local_ranks(), "loader": (self._probe or LoaderProbe(None)).facts()}
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.world_size > 1:
@@ -382,7 +311,7 @@ class StepMonitor:
         """End the open window at this step: snapshot the loader now, read the stamps ``lag`` steps later."""
         if not self._open:
             return
-        header = {"coll_steps": 0.0, "memory_available": _memory_available(), "watched": float(self.watched),
+        header = {"coll_steps": 0.0, "memory_available": memory_available(), "watched": float(self.watched),
                   **(self._probe.delta() if self._probe is not None else {})}
         self._closing.append((self._windows_posted, self._window_first, self._open, header))
         self._windows_posted += 1

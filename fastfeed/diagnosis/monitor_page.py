@@ -6,8 +6,8 @@ one scale, so a slow rank or a slow stretch of the run stands out; then the figu
 verdict, the scheduling signals, the notes and the windows.
 
 Example:
-    >>> pct(0.123), pct(0.004), pct(0.0)
-    ('12%', '<1%', '0%')
+    >>> bandwidth(12.5), bandwidth(0.085)
+    ('12.50 GB/s', '85.0 MB/s')
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from fastfeed.diagnosis.vocabulary import CATEGORIES, CATEGORY_LABELS
+from fastfeed.diagnosis.vocabulary import CATEGORIES, CATEGORY_LABELS, pct
 
-__all__ = ["COLORS", "VERDICT_COLORS", "bandwidth", "page", "pct"]
+__all__ = ["COLORS", "VERDICT_COLORS", "bandwidth", "page"]
 
 #: The categories' colours (the bars, the timeline, the legend).
 COLORS = {"data": "#e8871e", "compute": "#3f8f5f", "collective": "#7d4fb0", "wait": "#c8372d", "other": "#a7a7a7"}
@@ -43,11 +43,6 @@ table{border-collapse:collapse;font-size:13px;width:100%}td,th{border-bottom:1px
 text-align:right}td:first-child,th:first-child{text-align:left}.muted{color:#777;font-size:13px}
 svg text{font-family:system-ui,-apple-system,Segoe UI,sans-serif}
 """
-
-
-def pct(x: float) -> str:
-    """A share as people read it: ``12%``, ``<1%``."""
-    return f"{x:.0%}" if x >= 0.005 or x == 0 else "<1%"
 
 
 def bandwidth(gb_s: float) -> str:
@@ -86,7 +81,7 @@ def _shares_svg(r: Any) -> str:
         for k, sh in enumerate(r.per_rank):
             host = r.hosts[k] if k < len(r.hosts) else ""
             rows.append((f"rank {k}" + (f" ({host[:14]})" if len(set(r.hosts)) > 1 else ""), sh,
-                         k == r.slowest_rank))
+                         k == r.slowest_rank and r.slowest_matters))
     h, gap = 30, 8
     height = len(rows) * (h + gap) + 4 + (10 if len(rows) > 1 else 0)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
@@ -117,8 +112,10 @@ def _timeline_svg(r: Any) -> str:
     if t is None or not t.starts:
         return "<p class=muted>(no steps to draw)</p>"
     ranks, bins = len(t.seconds), len(t.starts)
-    totals = [sum(b) for rank in t.seconds for b in rank]
-    top = max(totals) if totals and max(totals) > 0 else 1.0
+    totals = sorted(sum(b) for rank in t.seconds for b in rank)
+    # one scale for all ranks, set by the typical step: a rare long one (a checkpoint) is cut at the top
+    typical = totals[min(len(totals) - 1, int(0.95 * len(totals)))] if totals else 0.0
+    top = min(totals[-1], 2 * typical) if typical > 0 else (totals[-1] if totals and totals[-1] > 0 else 1.0)
     row_h = 70 if ranks <= 8 else 44
     gap, axis = 16, 30
     height = ranks * (row_h + gap) + axis
@@ -127,22 +124,27 @@ def _timeline_svg(r: Any) -> str:
              f'aria-label="seconds per step per rank over the run">']
     for k in range(ranks):
         y0 = k * (row_h + gap)
-        slow = r.world_size > 1 and k == r.slowest_rank
-        parts.append(f'<text x="{LEFT - 10}" y="{y0 + row_h / 2 + 5:.1f}" text-anchor="end" font-size="14" '
+        slow = k == r.slowest_rank and r.slowest_matters
+        parts.append(f'<text x="{LEFT - 10}" y="{y0 + row_h / 2}" text-anchor="end" font-size="14" '
                      f'fill="{"#c8372d" if slow else "#1d1d1d"}" font-weight="{"700" if slow else "400"}">'
-                     f'{_e(f"rank {k}" if r.world_size > 1 else "this process")}</text>')
+                     f'{_e(f"rank {k}" if r.world_size > 1 else "this process")}</text>'
+                     f'<text x="{LEFT - 10}" y="{y0 + row_h / 2 + 16}" text-anchor="end" font-size="11" '
+                     f'fill="#777">0-{top * 1e3:,.0f} ms</text>')
         parts.append(f'<rect x="{LEFT}" y="{y0}" width="{PLOT}" height="{row_h}" fill="#f4f4f4"/>')
+        width = max(bw - (0.5 if bw > 3 else 0), 0.6)
         for b in range(bins):
-            x, base = LEFT + b * bw, y0 + row_h
+            x, base = LEFT + b * bw, float(y0 + row_h)
             for c, v in zip(CATEGORIES, t.seconds[k][b]):
-                hh = row_h * v / top
+                hh = min(row_h * v / top, base - y0)
                 if hh <= 0:
                     continue
                 base -= hh
-                parts.append(f'<rect x="{x:.2f}" y="{base:.2f}" width="{max(bw - (0.5 if bw > 3 else 0), 0.6):.2f}" '
-                             f'height="{hh:.2f}" fill="{COLORS[c]}"/>')
-        parts.append(f'<text x="{LEFT + PLOT}" y="{y0 + 12}" text-anchor="end" font-size="11" fill="#666">'
-                     f'{top * 1e3:,.0f} ms</text>')
+                parts.append(f'<rect x="{x:.2f}" y="{base:.2f}" width="{width:.2f}" height="{hh:.2f}" '
+                             f'fill="{COLORS[c]}"/>')
+            if sum(t.seconds[k][b]) > top * 1.001:  # cut: mark it, with its length on hover
+                parts.append(f'<rect x="{x:.2f}" y="{y0 - 3}" width="{max(width, 2):.2f}" height="3" fill="#1d1d1d">'
+                             f'<title>steps {t.starts[b]}-{t.ends[b]}: {sum(t.seconds[k][b]) * 1e3:,.0f} ms per step'
+                             f'</title></rect>')
     y_axis = ranks * (row_h + gap)
     lo, hi = t.starts[0], t.ends[-1]
     for s in _ticks(lo, hi):
@@ -171,6 +173,8 @@ def _windows_table(r: Any) -> str:
 def page(r: Any) -> str:
     """The page of a :class:`~fastfeed.diagnosis.monitor_report.MonitorReport`."""
     color = VERDICT_COLORS.get(r.verdict, "#555")
+    head, _, rest = r.title.partition(": ")  # "input-bound on rank 1 (host a)" in large type, then the figures
+    rest = rest[:1].upper() + rest[1:] if rest else ""
     hosts = len(set(r.hosts)) or 1
     rate = f" &middot; {r.samples_per_s:,.0f} samples/s" if r.samples_per_s else ""
     lists = ""
@@ -178,7 +182,8 @@ def page(r: Any) -> str:
         lists += "<h2>Signals</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in r.signals) + "</ul>"
     if r.notes:
         lists += "<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in r.notes) + "</ul>"
-    bus = f" Gradient all-reduce: {bandwidth(r.bus_gb_s)} bus bandwidth." if r.bus_gb_s is not None else ""
+    bus = (f" Gradient all-reduce: {bandwidth(r.bus_gb_s)} bus bandwidth."
+           if r.bus_gb_s is not None and "bus bandwidth" not in r.why else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fastfeed step monitor: {_e(r.verdict)}</title>
 <style>{CSS}</style></head><body>
@@ -186,8 +191,8 @@ def page(r: Any) -> str:
 <p class=meta>{r.world_size} rank(s) on {hosts} host(s) &middot; {r.steps:,} steps &middot; {r.step_s * 1e3:,.1f} ms per
 step{rate}</p>
 <section class=verdict style="border-color:{color}">
-<div class=name style="color:{color}">{_e(r.verdict)}</div>
-<p class=title>{_e(r.title)}</p>
+<div class=name style="color:{color}">{_e(head)}</div>
+<p class=title>{_e(rest)}</p>
 <p class=fix><b>fix</b>{_e(r.fix)}</p>
 </section>
 <h2>Where the step went</h2>

@@ -25,12 +25,15 @@ from typing import Any
 import numpy as np
 
 from fastfeed.diagnosis.advice import LoaderFacts, RunFacts, decide
-from fastfeed.diagnosis.attribution import StepTimes, attribute, split
-from fastfeed.diagnosis.monitor_page import bandwidth, page, pct
-from fastfeed.diagnosis.vocabulary import CATEGORIES
+from fastfeed.diagnosis.attribution import StepTimes, attribute, split, stable_share
+from fastfeed.diagnosis.monitor_page import bandwidth, page
+from fastfeed.diagnosis.vocabulary import CATEGORIES, pct
 from fastfeed.errors import ConfigError
 
 __all__ = ["MonitorReport", "Timeline", "WindowSummary", "build_report", "samples_rate", "timeline"]
+
+#: The wait for the slowest rank from which the text and the page point at it.
+MARK_WAIT = 0.05
 
 def shares_line(shares: dict[str, float]) -> str:
     """``data 4%, compute 71%, ...`` in :data:`CATEGORIES` order."""
@@ -156,6 +159,13 @@ class MonitorReport:
     figures: dict[str, Any] = field(default_factory=dict, repr=False)
     loaders: tuple[dict[str, Any], ...] = field(default=(), repr=False)
 
+    @property
+    def slowest_matters(self) -> bool:
+        """The other ranks wait for :attr:`slowest_rank` materially, and it is the same rank most of the time
+        (then the text and the page point at it)."""
+        return (self.world_size > 1 and self.shares.get("wait", 0.0) >= MARK_WAIT
+                and self.figures.get("slowest_share", 0.0) >= stable_share(self.world_size))
+
     # ------------------------------------------------------------------ text
     def text(self) -> str:
         """The report for a terminal or a log."""
@@ -167,7 +177,7 @@ class MonitorReport:
         head = f"  {'rank':<6}{'host':<18}" + "".join(f"{c:>12}" for c in CATEGORIES)
         lines += [head, f"  {'all':<6}{'':<18}" + "".join(f"{pct(self.shares[c]):>12}" for c in CATEGORIES)]
         for r, sh in enumerate(self.per_rank):
-            mark = " <- slowest" if r == self.slowest_rank and self.world_size > 1 else ""
+            mark = " <- slowest" if r == self.slowest_rank and self.slowest_matters else ""
             host = self.hosts[r] if r < len(self.hosts) else ""
             lines.append(f"  {r:<6}{host[:17]:<18}" + "".join(f"{pct(sh[c]):>12}" for c in CATEGORIES) + mark)
         if self.world_size > 1:
@@ -204,6 +214,7 @@ class MonitorReport:
 
 
 # ---------------------------------------------------------------------- from gathered windows to the report
+
 #: At most this many bins in the report's timeline.
 TIMELINE_BINS = 240
 

@@ -18,11 +18,13 @@ Example:
     'num_workers=0 (loading in the training process)'
     >>> CATEGORIES
     ('data', 'compute', 'collective', 'wait', 'other')
+    >>> pct(0.123), pct(0.004), pct(0.0)
+    ('12%', '<1%', '0%')
 """
 
 from __future__ import annotations
 
-__all__ = ["CATEGORIES", "CATEGORY_LABELS", "STAGES", "STAGE_LABELS", "VERDICTS", "stage_label"]
+__all__ = ["CATEGORIES", "CATEGORY_LABELS", "STAGES", "STAGE_LABELS", "VERDICTS", "pct", "stage_label"]
 
 #: What limits the input pipeline (:mod:`fastfeed.loading.bottleneck`); "input-bound": no stage times.
 STAGES = ("storage", "decode", "workers", "transfer", "input-bound")
@@ -54,3 +56,8 @@ def stage_label(kind: str, num_workers: int | None) -> str:
             return "num_workers=0 (loading in the training process)"
         return f"too few workers ({num_workers})"
     return STAGE_LABELS.get(kind, kind)
+
+
+def pct(share: float) -> str:
+    """A share of step time as the reports write it: ``12%``, ``<1%``, ``0%``."""
+    return f"{share:.0%}" if share >= 0.005 or share == 0 else "<1%"
