@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from fastfeed.errors import ConfigError
 
 __all__ = ["Spec", "as_bool", "at_least", "auto_or_int", "callable_or_none", "check_int", "doc_lines", "fill_doc",
-           "group", "is_group", "one_of", "option", "specs"]
+           "group", "is_group", "one_of", "option", "parse_int", "specs"]
 
 T = TypeVar("T")
 #: ``check(value, name) -> value``: returns the value to store (normalised), raises ConfigError.
@@ -49,7 +49,11 @@ class Spec:
         choices: the flag's allowed texts.
         legacy: the flat ``loader()`` keyword this option had before it was grouped
             (default: the field's own name).
-        extra: anything a backend needs to know about the option (read by name).
+        extra: anything a backend needs to know about the option (read by name). The flag
+            builder (:func:`fastfeed.cli.args.add_option_flags`) reads three: ``switch``
+            (``"negatable"``: ``--x`` / ``--no-x``; ``"on"``: ``--x`` alone turns it on),
+            ``exclusive`` (flags with the same name exclude each other) and ``flag_default``
+            (the flag's default when it differs from the option's, as the flag's text).
     """
 
     doc: str
@@ -123,20 +127,41 @@ def doc_lines(cls: Any, *, indent: int = 4, names: Any = None, defaults: bool = 
     return "\n".join(out)
 
 
-def group(cls: type[T]) -> type[T]:
+def group(cls: type[T] | None = None, *, qualified: bool = True) -> Any:
     """Make ``cls`` a frozen keyword-only dataclass whose values are checked when built.
 
     Every field's ``check`` runs in field order; then ``cls._check_together(self)`` if the
     class defines it (for rules between fields), which returns a dict of normalised values
     or None. The class docstring gains an ``Attributes:`` section written from the fields'
     doc lines, and ``repr`` shows only the values that differ from the defaults.
+
+    ``qualified``: a check names the option ``Class.field`` (an object users build, such as
+    ``fastfeed.Crop``); with ``@group(qualified=False)``, by its bare name (the flat keywords
+    of a function, such as ``pack()``'s).
+
+    Example:
+        >>> @group(qualified=False)
+        ... class Limits:
+        ...     '''How much at most.'''
+        ...     files: int = option(10, "files at most", check=at_least(1))
+        >>> Limits(files=0)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: files=0 must be an integer >= 1
     """
+    if cls is None:
+        return lambda c: _make_group(c, qualified)
+    return _make_group(cls, qualified)
+
+
+def _make_group(cls: type[T], qualified: bool) -> type[T]:
     own_post = getattr(cls, "__post_init__", None)
 
     def __post_init__(self: Any) -> None:
+        prefix = f"{type(self).__name__}." if qualified else ""
         for f, spec in specs(type(self)):
             if spec.check is not None:
-                object.__setattr__(self, f.name, spec.check(getattr(self, f.name), f"{type(self).__name__}.{f.name}"))
+                object.__setattr__(self, f.name, spec.check(getattr(self, f.name), prefix + f.name))
         together = getattr(type(self), "_check_together", None)
         if together is not None:
             for name, value in (together(self) or {}).items():
@@ -229,6 +254,19 @@ def callable_or_none(value: Any, name: str) -> Any:
     if value is not None and not callable(value):
         raise ConfigError(f"{name}={value!r} is not callable; pass a function or None")
     return value
+
+
+def parse_int(text: str) -> int:
+    """A flag's reading of a whole number.
+
+    Example:
+        >>> parse_int("42")
+        42
+    """
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r}: write a whole number") from None
 
 
 def auto_or_int(text: str) -> int | str:

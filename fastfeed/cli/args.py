@@ -4,11 +4,15 @@
 - :func:`add_sizes` / :func:`resolve_sizes`: ``--batch-size`` / ``--image-size`` with the
   defaults ``tune`` and ``doctor`` share (:mod:`fastfeed.tuning.defaults`);
 - :func:`add_demand`: ``--target-rate`` / ``--step-time``, what training consumes;
+- :func:`add_option_flags` / :func:`option_args`: the options of a class of option fields
+  (``pack``'s :class:`~fastfeed.packing.options.PackOptions`) as flags, and back into keywords;
 - :func:`add_loader_flags` / :func:`loader_args`: the loader options as flags (``--decode``,
   ``--num-workers``, ``--prefetch-factor``, ``--cache-dir``) and back into ``loader()``
-  keywords. Both read the options' one definition (:mod:`fastfeed.loading.options`, the
-  ``flag=`` of each option): no flag is written here;
+  keywords, grouped options in their group;
 - :func:`auto_int`: ``auto`` or a whole number.
+
+The option flags read the options' one definition (:mod:`fastfeed._options`: the ``flag=`` of
+each option) through one flag builder: no option's flag is written here.
 
 Example:
     >>> import argparse
@@ -21,13 +25,15 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any, Sequence
 
+from fastfeed._options import Spec, specs
 from fastfeed.errors import ConfigError, FastfeedError
 
-__all__ = ["add_demand", "add_json", "add_loader_flags", "add_sizes", "add_verbose", "auto_int", "loader_args",
-           "resolve_sizes"]
+__all__ = ["add_demand", "add_json", "add_loader_flags", "add_option_flags", "add_sizes", "add_verbose", "auto_int",
+           "loader_args", "option_args", "resolve_sizes"]
 
 _VERBOSE_HELP = "log progress details and show tracebacks"
 
@@ -146,6 +152,92 @@ def add_demand(parser: argparse.ArgumentParser, rate_help: str) -> None:
                       help="one rank's training step time per batch (demand = batch size / step time)")
 
 
+# ---------------------------------------------------------------- flags from the options' definitions
+def add_option_flags(parser: argparse.ArgumentParser, cls: Any, names: Sequence[str]) -> None:
+    """Add the flags of the options ``names`` of ``cls`` (a class of :func:`fastfeed._options.option`
+    fields, such as :class:`fastfeed.packing.options.PackOptions`), in that order.
+
+    Each flag, its help line (the doc line and the default), placeholder and choices come from
+    the option's one definition (``flag=``, ``metavar=``, ``choices=``, and the extras
+    ``switch``, ``exclusive``, ``flag_default`` of :class:`fastfeed._options.Spec`). A switch
+    whose default is None says nothing of its default: its doc line says what None means.
+    :func:`option_args` reads the values back.
+
+    Example:
+        >>> from fastfeed.packing.options import PackOptions
+        >>> p = argparse.ArgumentParser(prog="x")
+        >>> add_option_flags(p, PackOptions, ("shard_size", "samples_per_shard"))
+        >>> print(p.format_usage().strip())
+        usage: x [-h] [--shard-size SIZE | --samples-per-shard N]
+    """
+    _add_flags(parser, [(name, *_option_of(cls, name)) for name in names])
+
+
+def option_args(args: argparse.Namespace, cls: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The keywords of the options ``names`` of ``cls`` from the flags :func:`add_option_flags` added.
+
+    Raises:
+        ConfigError: a value its flag does not accept (``--seed 'x': write a whole number``).
+
+    Example:
+        >>> from fastfeed.packing.options import PackOptions
+        >>> p = argparse.ArgumentParser()
+        >>> add_option_flags(p, PackOptions, ("workers", "seed", "shuffle"))
+        >>> option_args(p.parse_args(["--seed", "3", "--no-shuffle"]), PackOptions, ("workers", "seed", "shuffle"))
+        {'workers': 'auto', 'seed': 3, 'shuffle': False}
+    """
+    return {name: _flag_value(args, name, _option_of(cls, name)[1]) for name in names}
+
+
+def _option_of(cls: Any, name: str) -> tuple[dataclasses.Field[Any], Spec]:
+    """The field and spec of the option ``name`` of ``cls``."""
+    for f, spec in specs(cls):
+        if f.name == name:
+            return f, spec
+    raise KeyError(f"{cls.__name__} has no option {name!r}")
+
+
+def _add_flags(parser: argparse.ArgumentParser, options: Sequence[tuple[str, dataclasses.Field[Any], Spec]]) -> None:
+    """The one flag builder: a flag per ``(dest, field, spec)``; flags of one ``exclusive`` name in
+    one mutually exclusive group."""
+    exclusive: dict[str, Any] = {}
+    for name, f, spec in options:
+        if spec.flag is None:
+            raise ValueError(f"option {name!r} has no command-line flag (no flag= in its definition)")
+        key = spec.get("exclusive")
+        if key is not None and key not in exclusive:
+            exclusive[key] = parser.add_mutually_exclusive_group()
+        target = parser if key is None else exclusive[key]
+        target.add_argument(spec.flag, dest=name, **_flag_kwargs(f, spec))
+
+
+def _flag_kwargs(f: dataclasses.Field[Any], spec: Spec) -> dict[str, Any]:
+    """``add_argument``'s keywords for one option: a switch, or a text its ``parse`` reads."""
+    default = spec.get("flag_default", f.default)
+    switch = spec.get("switch")
+    if switch == "on":
+        if default is not False:
+            raise ValueError(f"option {f.name!r}: switch='on' needs the default False, not {default!r}")
+        return {"action": "store_true", "help": spec.doc}
+    if switch == "negatable":
+        shown = "" if default is None else f" (default {'on' if default else 'off'})"
+        return {"action": argparse.BooleanOptionalAction, "default": default, "help": spec.doc + shown}
+    if switch is not None:
+        raise ValueError(f"option {f.name!r}: switch={switch!r}; use 'negatable' or 'on'")
+    text = None if default is None else str(default)
+    return {"default": text, "metavar": spec.metavar, "choices": None if spec.choices is None else list(spec.choices),
+            "help": f"{spec.doc} (default {'none' if text is None else text})"}
+
+
+def _flag_value(args: argparse.Namespace, name: str, spec: Spec) -> Any:
+    """The value of one option's flag, read by its ``parse`` (a switch's as it is)."""
+    value = getattr(args, name)
+    try:
+        return value if value is None or spec.parse is None else spec.parse(value)
+    except ConfigError as e:
+        raise ConfigError(f"{spec.flag} {e}") from None
+
+
 # ---------------------------------------------------------------- loader settings (tune, doctor)
 def _flag_of(name: str) -> tuple[str | None, Any, Any]:
     """The loader option ``name`` (flat or former spelling): (its group keyword or None, its field, its spec)."""
@@ -161,8 +253,8 @@ def add_loader_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> N
     """Add the flags of the ``loader()`` options ``names``, in that order.
 
     Each flag, its help line, placeholder and choices come from the option's one definition
-    (:mod:`fastfeed.loading.options`): a new option with a ``flag=`` is a new flag of every
-    command that lists it.
+    (:mod:`fastfeed.loading.options`), through the one flag builder :func:`add_option_flags`
+    uses: a new option with a ``flag=`` is a new flag of every command that lists it.
 
     Example:
         >>> p = argparse.ArgumentParser()
@@ -170,12 +262,7 @@ def add_loader_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> N
         >>> p.parse_args([]).prefetch_factor
         'auto'
     """
-    for name in names:
-        _, f, spec = _flag_of(name)
-        default = None if f.default is None else str(f.default)
-        parser.add_argument(spec.flag, dest=name, default=default, metavar=spec.metavar,
-                            choices=None if spec.choices is None else list(spec.choices),
-                            help=f"{spec.doc} (default {'none' if default is None else default})")
+    _add_flags(parser, [(name, *_flag_of(name)[1:]) for name in names])
 
 
 def loader_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
@@ -193,11 +280,7 @@ def loader_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any
     out: dict[str, Any] = {}
     for name in names:
         key, f, spec = _flag_of(name)
-        text = getattr(args, name)
-        try:
-            value = text if text is None or spec.parse is None else spec.parse(text)
-        except ConfigError as e:
-            raise ConfigError(f"{spec.flag} {e}") from None
+        value = _flag_value(args, name, spec)
         if key is None:
             out[name] = value
         else:

@@ -23,70 +23,32 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastfeed._progress import PackProgress, Progress
-from fastfeed.cli.args import add_json, auto_int
+from fastfeed.cli.args import add_json, add_option_flags, auto_int, option_args
 from fastfeed.cli.command import EXIT_OK, EXIT_PROBLEMS, Command
 from fastfeed.errors import ConfigError, FastfeedError
+from fastfeed.packing.options import PackOptions
 
 if TYPE_CHECKING:
     from fastfeed.packed.index import DatasetIndex
 
-__all__ = ["INFO", "PACK", "VERIFY", "PackSummary"]
+__all__ = ["INFO", "PACK", "PACK_FLAGS", "VERIFY", "PackSummary"]
 
 
 # ---------------------------------------------------------------- pack
+#: The options of ``pack()`` that ``fastfeed pack`` takes, in the order of its ``--help``; each
+#: flag, its help line and default come from the option's definition (:mod:`fastfeed.packing.options`).
+PACK_FLAGS = ("input", "columns", "key", "tokenizer", "tokenize", "format", "shard_size", "samples_per_shard",
+              "workers", "shuffle", "seed", "max_side", "store", "quality", "jpeg_restarts", "length", "on_error",
+              "overwrite")
+
+
 def add_pack(p: argparse.ArgumentParser) -> None:
     """The arguments of ``fastfeed pack``."""
     p.add_argument("src", metavar="SRC", help="an ImageFolder, a folder of files grouped by key, a JSONL manifest, "
                    "a .parquet file (or a folder or quoted glob of them), or a datasets save_to_disk folder")
     p.add_argument("dst", metavar="DST", help="output folder (created; must not be inside SRC), or an "
                    "object-store URL such as s3://bucket/prefix")
-    p.add_argument("--input", choices=["auto", "imagefolder", "files", "jsonl", "parquet", "hf", "webdataset"],
-                   default="auto", help="how to read SRC (default: detect; parquet: one sample per row; hf: a "
-                   "Dataset.save_to_disk folder; webdataset: a folder of tars, converted member by member)")
-    p.add_argument("--columns", default=None, metavar="COL=FIELD,...",
-                   help="parquet/hf: the columns to pack and their fields, e.g. image=jpg,caption=txt "
-                        "(default: every column, field by type)")
-    p.add_argument("--key", default=None, metavar="COLUMN",
-                   help="parquet/hf: the column holding each row's key (default: the row number)")
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="a local tokenizers JSON file, or a folder holding tokenizer.json; with --tokenize "
-                        "or --length (exact token counts)")
-    p.add_argument("--tokenize", default=None, metavar="FIELD",
-                   help="with --tokenizer: store the token ids of text FIELD (a column for parquet/hf) in "
-                        "the field tokens.npy and their counts in lengths.npy")
-    p.add_argument("--format", choices=["tar", "lmdb"], default="tar",
-                   help="shard format: tar (WebDataset + DALI index) or lmdb (default tar)")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--shard-size", default="256MB", metavar="SIZE",
-                      help="target shard size, e.g. 256MB or 1GiB (default 256MB)")
-    size.add_argument("--samples-per-shard", type=int, default=None, metavar="N",
-                      help="at most N samples per shard (instead of --shard-size)")
-    p.add_argument("--workers", default="auto", metavar="N",
-                   help="processes writing shards (default auto: one per core)")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
-                   help="store samples in a seeded random order so shards mix classes (default on)")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    p.add_argument("--max-side", type=int, default=None, metavar="PX",
-                   help="resize images whose longer side exceeds PX (re-encoded; with --store raw, the pixels "
-                        "stored, resized with INTER_AREA)")
-    p.add_argument("--store", default="jpeg", metavar="{jpeg,raw,mixed:P}",
-                   help="jpeg: images as they are (default); raw: decode now and store uint8 pixels, so loading "
-                        "does no decode (~10x the disk of ImageNet-sized JPEGs; bound it with --max-side); "
-                        "mixed:P: the share P of images with the fewest pixels raw, the rest JPEG (e.g. mixed:0.5)")
-    p.add_argument("--quality", type=int, default=90, metavar="Q",
-                   help="JPEG/WebP quality for --max-side (default 90)")
-    p.add_argument("--jpeg-restarts", action=argparse.BooleanOptionalAction, default=None,
-                   help="store JPEGs losslessly with a restart marker per 16x16 block, so random crops "
-                        "decode only their blocks (same pixels, different bytes; needs fastfeed's C extension). "
-                        "Default: on when that extension is built; --no-jpeg-restarts keeps the source bytes")
-    p.add_argument("--length", default=None, metavar="FIELD",
-                   help="record per-sample lengths: a number field, a text field (whitespace tokens; with "
-                        "--tokenizer: its exact token count), or FIELD:KEY inside a JSON field")
-    p.add_argument("--on-error", choices=["raise", "skip", "fail"], default="raise", metavar="{raise,skip}",
-                   help="bad input: stop with an error (raise, the default), or skip it and list it in "
-                        "DST/skipped.txt ('fail' is the old spelling of raise)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace fastfeed's files in a non-empty DST")
+    add_option_flags(p, PackOptions, PACK_FLAGS)  # each flag from its option's definition
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: --workers processes on this machine (default); ray: one Ray task per "
                         "shard on a Ray cluster, same output (pip install 'fastfeed[ray]')")
@@ -205,7 +167,7 @@ def run_pack(args: argparse.Namespace) -> int:
     """``fastfeed pack``: :func:`fastfeed.pack` with a progress bar, then its :class:`PackSummary`."""
     from fastfeed.packing.api import pack
 
-    workers = auto_int(args.workers, "--workers")
+    options = option_args(args, PackOptions, PACK_FLAGS)
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address needs --engine ray")
     bar = PackProgress()
@@ -215,14 +177,7 @@ def run_pack(args: argparse.Namespace) -> int:
         ray_log.setLevel(logging.INFO)  # no terminal (a cluster job's log): the engine's shard lines too
     before = None if args.overwrite else _index_stamp(args.dst)
     try:
-        idx = pack(
-            args.src, args.dst, input=args.input, format=args.format, shard_size=args.shard_size,
-            samples_per_shard=args.samples_per_shard, workers=workers, shuffle=args.shuffle,
-            seed=args.seed, max_side=args.max_side, quality=args.quality, length=args.length,
-            on_error=args.on_error, overwrite=args.overwrite, jpeg_restarts=args.jpeg_restarts, progress=bar,
-            engine=args.engine, ray_address=args.ray_address, columns=args.columns, key=args.key,
-            tokenizer=args.tokenizer, tokenize=args.tokenize, store=args.store,
-        )
+        idx = pack(args.src, args.dst, **options, progress=bar, engine=args.engine, ray_address=args.ray_address)
     finally:
         ray_log.setLevel(ray_level)
         bar.close()

@@ -33,6 +33,7 @@ import tempfile
 from functools import partial
 from typing import Any, Mapping
 
+from fastfeed._options import fill_doc
 from fastfeed._util import check_on_error
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
@@ -40,7 +41,8 @@ from fastfeed.packing.engines.local import Progress, run_local
 from fastfeed.packing.engines.objstore import RemoteDest, write_shard_remote
 from fastfeed.packing.engines.ray import cluster_restarts, connection, require_ray, run_ray
 from fastfeed.packing.finish import cleanup, finalize
-from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan, plan_pack
+from fastfeed.packing.options import OPTIONS, PackOptions
+from fastfeed.packing.plan import PackPlan, ShardPlan, plan_pack
 from fastfeed.packing.sources.base import show
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url, local_path
@@ -97,54 +99,7 @@ def pack(
             ``datasets.Dataset`` or a ``Dataset.save_to_disk`` folder.
         dst: the output folder (created). Refused when inside ``src`` or when it holds
             something other than an unfinished run of this job, unless ``overwrite``.
-        input: ``imagefolder``, ``files``, ``jsonl``, ``parquet``, ``hf`` or ``webdataset`` (a folder
-            of tars, converted member by member); detected when None.
-        format: ``tar`` (WebDataset, with DALI index files) or ``lmdb``.
-        shard_size: target shard size (``"256MB"``, ``"1GiB"``, bytes), estimated from
-            the source sizes; ignored when ``samples_per_shard`` is given.
-        samples_per_shard: at most this many samples per shard.
-        workers: processes writing shards in parallel (``"auto"``: one per usable core,
-            :func:`fastfeed.host.cpu_count`, which honours a container's CPU quota).
-        shuffle: store samples in a seeded random order (a shard mixes classes);
-            otherwise in key order.
-        seed: the shuffle seed.
-        max_side: resize images whose longer side is larger, re-encoding them (EXIF
-            orientation applied; see :func:`fastfeed.formats.images.reencode`); originals on
-            disk are never touched.
-        quality: JPEG/WebP quality of re-encoded images.
-        length: per-sample length for length-bucketed samplers: a field holding a
-            number (or a list: its size), a text field (its whitespace-separated token
-            count; with ``tokenizer``: its exact token count), or ``FIELD:KEY`` for a key
-            inside a JSON field.
-        columns: parquet/HF input: the columns to pack and their fields, ``"image=jpg,caption=txt"``
-            or a dict (default: every column, fields by type; see :mod:`fastfeed.packing.sources.columns`).
-        key: parquet/HF input: the column holding each row's ``__key__`` (default: the row number).
-        tokenizer: a local ``tokenizers`` JSON file, or a folder holding ``tokenizer.json``;
-            with ``tokenize`` or ``length``. Its pad id is recorded in the index.
-        tokenize: a text field (``txt``; a column name for tables) whose token ids are stored
-            in the field ``tokens.npy`` (uint16 when the vocabulary fits, else uint32), their
-            counts in ``lengths.npy``; tokenized in the pack workers (batched ``encode_batch``).
-        on_error: ``raise`` stops at the first bad input with an error naming the file
-            and the fix; ``skip`` leaves bad samples out, listing them in
-            ``DST/skipped.txt`` and the index. (``fail``, the old spelling of ``raise``,
-            still works, with a FutureWarning.)
-        overwrite: replace fastfeed's files in a non-empty DST.
-        jpeg_restarts: store JPEGs with a restart marker after every MCU, losslessly (the
-            same DCT coefficients, so the same decoded pixels; Huffman tables re-optimised,
-            so files are usually no larger). The CPU loader then decodes only the MCUs of
-            each random crop, 1.5-2x less work per image for RandomResizedCrop (see
-            :func:`fastfeed.decode.roi.add_restarts`). The stored bytes differ from the
-            source files (checksums of the originals do not match them); pack takes
-            longer. Needs the C extension ``fastfeed._jpegroi``. ``None`` (the default):
-            on when the extension is built, else off with one warning; ``False`` stores
-            the source bytes unchanged.
-        store: ``jpeg`` (images stored as they are), ``raw`` (each sample's image decoded now and
-            stored as uint8 pixels in the field ``rgb8``, its shape in ``shapes.npy``: the loader
-            then crops without decoding, for ~10x the disk of ImageNet-sized JPEGs; with
-            ``max_side`` the longer side is bounded first) or ``mixed:P`` (the share ``P`` of the
-            images with the fewest pixels stored raw, the rest as JPEG). See
-            :mod:`fastfeed.packing.content.pixels` for exactly which images, and the guide's section
-            "Raw pixels: trade disk for CPU". Folder, manifest and WebDataset sources only.
+        {options}
         progress: callback ``(files_done, files_total, bytes_done, bytes_total)``.
         engine: ``local`` (processes on this machine, ``workers`` of them) or ``ray``
             (one Ray task per shard on a cluster, the same bytes; see
@@ -165,14 +120,9 @@ def pack(
         >>> idx = fastfeed.pack("train", "train-ff", samples_per_shard=1000, workers=4)  # doctest: +SKIP
         >>> raw = fastfeed.pack("train", "train-raw", store="raw", max_side=256)           # doctest: +SKIP
     """
-    on_error = check_on_error(on_error)  # here, so that a FutureWarning points at the caller
-    options: dict[str, Any] = dict(
-        input=input, format=format, shard_size=shard_size,
-        samples_per_shard=samples_per_shard, workers=workers, shuffle=shuffle, seed=seed,
-        max_side=max_side, quality=quality, length=length, on_error=on_error, overwrite=overwrite,
-        columns=columns, key=key, tokenizer=tokenizer, tokenize=tokenize,
-        jpeg_restarts=jpeg_restarts, store=store,
-    )
+    given = locals()  # first thing: exactly pack()'s arguments
+    options: dict[str, Any] = {name: given[name] for name in OPTIONS}  # PackOptions' fields, by their names
+    options["on_error"] = check_on_error(on_error)  # here, so that a FutureWarning points at the caller
     # engines and object-store destinations (issue: pack on Ray)
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine={engine!r}: choose local (processes on this machine) or ray (a Ray cluster)")
@@ -183,6 +133,9 @@ def pack(
             options["jpeg_restarts"] = cluster_restarts(options["jpeg_restarts"])
             return _run_pack(src, dst, engine, None, storage_options, progress, options)
     return _run_pack(src, dst, engine, ray_address, storage_options, progress, options)
+
+
+fill_doc(pack, PackOptions, names=OPTIONS)  # its Args: lines of the options, from their definitions
 
 
 def _run_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], engine: str, ray_address: str | None,

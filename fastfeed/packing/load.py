@@ -22,7 +22,8 @@ from fastfeed.decode.raw import to_pixels
 from fastfeed.errors import BadFileError, SampleError
 from fastfeed.formats.images import decode_errors, jpeg_truncated, looks_like_image, reencode
 from fastfeed.packing.content.pixels import Pixels
-from fastfeed.packing.plan import PackOptions, PackPlan, ShardPlan
+from fastfeed.packing.options import PackOptions
+from fastfeed.packing.plan import PackPlan, ShardPlan
 from fastfeed.packing.sources.base import Item, Member, Problem, Reading
 
 __all__ = ["check_image", "raw_image", "shard_items"]

@@ -1,6 +1,6 @@
 """Step 1 of packing: :func:`plan_pack` decides everything before any shard is written.
 
-``plan_pack`` checks the options, opens the source
+``plan_pack`` checks the options (:class:`~fastfeed.packing.options.PackOptions`), opens the source
 (:func:`~fastfeed.packing.sources.detect.open_source`: detect, list and validate it) and plans it
 (:func:`plan_source`): orders its units (key order, or a seeded permutation with ``shuffle``),
 cuts them into shards (samples dealt out evenly, counts within one of each other; blocks of
@@ -28,184 +28,27 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from fastfeed import __version__
-from fastfeed._util import check_on_error, format_bytes, parse_size
-from fastfeed.decode import roi
+from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
-from fastfeed.host import cpu_count
 from fastfeed.packed.layout import dali_index_name, shard_name
-from fastfeed.packing.content.pixels import parse_store, plan_raw, store_name
+from fastfeed.packing.content.pixels import plan_raw
 from fastfeed.packing.content.tokenize import Tokenizer, load_tokenizer
-from fastfeed.packing.content.tokens import TokenPlan, check_length_field, check_token_options, token_plan
+from fastfeed.packing.content.tokens import TokenPlan, check_length_field, token_plan
 from fastfeed.packing.dest import check_destination, check_not_inside, prepare_destination
-from fastfeed.packing.sources.base import TABLE_INPUTS, Source, check_input, image_member, parse_length
-from fastfeed.packing.sources.columns import parse_columns
+from fastfeed.packing.options import PackOptions
+from fastfeed.packing.sources.base import Source, image_member
 from fastfeed.packing.sources.detect import open_source
 from fastfeed.storage.remote import is_url
 
-__all__ = ["PackOptions", "PackPlan", "ShardPlan", "group_units", "plan_pack", "plan_source", "shard_counts"]
+__all__ = ["PackPlan", "ShardPlan", "group_units", "plan_pack", "plan_source", "shard_counts"]
 
 log = logging.getLogger("fastfeed.pack")
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Validated ``pack`` options (see :func:`fastfeed.packing.api.pack` for their meaning)."""
-
-    input: str | None = None
-    format: str = "tar"
-    shard_size: int = 256_000_000
-    samples_per_shard: int | None = None
-    workers: int = 1
-    shuffle: bool = True
-    seed: int = 0
-    max_side: int | None = None
-    quality: int = 90
-    length: str | None = None
-    columns: str | None = None
-    key: str | None = None
-    tokenizer: str | None = None
-    tokenize: str | None = None
-    on_error: str = "raise"
-    overwrite: bool = False
-    jpeg_restarts: bool = False  # create() resolves the default (on when fastfeed._jpegroi is built)
-    #: ``jpeg``, ``raw`` or ``mixed:P`` (canonical spelling; see :mod:`fastfeed.packing.content.pixels`)
-    store: str = "jpeg"
-
-    @property
-    def store_mode(self) -> tuple[str, float]:
-        """(``jpeg``/``raw``/``mixed``, share of images stored raw)."""
-        return parse_store(self.store)
-
-    @classmethod
-    def create(cls, *, input: str | None = None, format: str = "tar",
-               shard_size: str | int = "256MB", samples_per_shard: int | None = None,
-               workers: int | str = 1, shuffle: bool = True, seed: int = 0,
-               columns: str | Mapping[str, str] | None = None, key: str | None = None,
-               tokenizer: str | os.PathLike[str] | None = None, tokenize: str | None = None,
-               max_side: int | None = None, quality: int = 90, length: str | None = None,
-               on_error: str = "raise", overwrite: bool = False, jpeg_restarts: bool | None = None,
-               store: str = "jpeg") -> "PackOptions":
-        """Check every option once, at the boundary; raises ConfigError naming the fix."""
-        input = check_input(input)
-        if format not in FORMATS:
-            raise ConfigError(f"format={format!r}: choose one of {', '.join(sorted(FORMATS))}")
-        size = _shard_size(shard_size)
-        if samples_per_shard is not None and (not _is_int(samples_per_shard) or samples_per_shard < 1):
-            raise ConfigError(f"samples_per_shard={samples_per_shard!r}: must be an integer >= 1")
-        if workers in ("auto", 0, None):
-            workers = cpu_count()
-        if not _is_int(workers) or int(workers) < 1:
-            raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
-        if not _is_int(seed):
-            raise ConfigError(f"seed={seed!r}: must be an integer")
-        if max_side is not None and (not _is_int(max_side) or max_side < 8):
-            raise ConfigError(f"max_side={max_side!r}: must be an integer >= 8 (pixels of the longer side)")
-        if not _is_int(quality) or not 1 <= quality <= 100:
-            raise ConfigError(f"quality={quality!r}: must be an integer from 1 to 100 (90 is a good default)")
-        if length is not None:
-            parse_length(length)
-        on_error = check_on_error(on_error)
-        table = _table_options(input, columns, key)
-        if tokenize is not None and (not isinstance(tokenize, str) or not tokenize):
-            raise ConfigError(f"tokenize={tokenize!r}: name the text field to tokenize, e.g. txt")
-        check_token_options(None if tokenizer is None else os.fspath(tokenizer), tokenize, length)
-        mode, share = parse_store(store)
-        if mode != "jpeg" and (table[0] is not None or table[1] is not None or tokenize is not None):
-            raise ConfigError(f"store={store!r} is for image folders, manifests and WebDataset tars; parquet/HF "
-                              "input (--columns/--key, --tokenize) stores its images encoded: drop --store")
-        # --store raw stores no JPEG (but a sample's other image fields): restart markers only when asked
-        jpeg_restarts = _jpeg_restarts(jpeg_restarts) if mode != "raw" or jpeg_restarts else False
-        return cls(
-            input=input, format=format, shard_size=size,
-            samples_per_shard=None if samples_per_shard is None else int(samples_per_shard),
-            workers=int(workers), shuffle=bool(shuffle), seed=int(seed),
-            max_side=None if max_side is None else int(max_side), quality=int(quality), length=length,
-            columns=table[0], key=table[1], tokenizer=None if tokenizer is None else os.fspath(tokenizer),
-            tokenize=tokenize, on_error=on_error, overwrite=bool(overwrite), jpeg_restarts=bool(jpeg_restarts),
-            store=store_name(mode, share),
-        )
-
-    def output_options(self) -> dict[str, Any]:
-        """The options that shape the output (not ``workers`` or ``overwrite``)."""
-        return {
-            "format": self.format, "shard_size": self.shard_size,
-            "samples_per_shard": self.samples_per_shard, "shuffle": self.shuffle,
-            "seed": self.seed, "max_side": self.max_side, "quality": self.quality,
-            "length": self.length, "on_error": self.on_error,
-            **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
-            **({"store": self.store} if self.store != "jpeg" else {}),
-            **{k: v for k, v in (("columns", self.columns), ("key", self.key), ("tokenize", self.tokenize))
-               if v is not None},
-        }
-
-
-def _table_options(input: str | None, columns: str | Mapping[str, str] | None,
-                   key: str | None) -> tuple[str | None, str | None]:
-    """``columns`` as a canonical ``"col=field,..."`` string, and ``key``; only for table inputs."""
-    if columns is None and key is None:
-        return None, None
-    if input is not None and input not in TABLE_INPUTS:
-        raise ConfigError(f"columns/key (--columns, --key) are for parquet and HF datasets input, not "
-                          f"input={input!r}; leave them out")
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigError(f"key={key!r}: name the column that holds each row's key (or leave it out: row numbers)")
-    if columns is None:
-        return None, key
-    mapping = parse_columns(columns)
-    return ",".join(f"{c}={f}" if f else c for c, f in (mapping or {}).items()), key
-
-
-#: Shard sizes below this are almost always a missing unit (``--shard-size 256``).
-MIN_SHARD_SIZE = 1_000_000
-
-
-def _shard_size(value: str | int) -> int:
-    """``shard_size`` in bytes; a unit-less string below :data:`MIN_SHARD_SIZE` is refused
-    (``256`` is 256 bytes: one sample per shard), an int below it is taken as bytes, logged."""
-    size = parse_size(value, "shard_size")
-    if size >= MIN_SHARD_SIZE:
-        return size
-    if isinstance(value, str):
-        if not value.strip().isdigit():
-            return size  # a unit written out: small on purpose
-        raise ConfigError(f"shard_size={value!r} has no unit, so it means {size} bytes (about one sample per "
-                          f"shard); write {value.strip()}MB if you meant megabytes (a size below "
-                          f"{format_bytes(MIN_SHARD_SIZE)} needs its unit, e.g. {value.strip()}KB)")
-    log.warning("shard_size=%r: %s per shard is very small (one or a few samples per shard, one file open "
-                "per sample when reading); the usual size is 256MB", value, format_bytes(size))
-    return size
-
-
-#: How to get ``fastfeed._jpegroi`` built (for the messages of every engine).
-RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
-                 "apt-get install gcc libturbojpeg0-dev; pip install --force-reinstall --no-deps --no-binary fastfeed "
-                 "fastfeed)")
-
-
-def _jpeg_restarts(asked: bool | None) -> bool:
-    """``None`` (the default): restart markers when ``fastfeed._jpegroi`` is built, else
-    none and one warning; ``True`` without the extension is an error."""
-    if asked is None:
-        if roi.built():
-            return True
-        log.warning("pack: JPEGs stored as they are, without restart markers (fastfeed._jpegroi is not built); "
-                    "random crops of these shards then decode the whole JPEG, about 1.6x the loader's CPU per "
-                    "image; %s", RESTARTS_FIX)
-        return False
-    if asked and not roi.built():
-        raise ConfigError(f"jpeg_restarts=True needs fastfeed's C extension fastfeed._jpegroi, which is not built "
-                          f"here: {RESTARTS_FIX}; or pass jpeg_restarts=False (--no-jpeg-restarts)")
-    return bool(asked)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
 from fastfeed.packing.content.pixels import Pixels
 from fastfeed.packing.load import shard_items
-from fastfeed.packing.plan import RESTARTS_FIX, PackPlan, ShardPlan
+from fastfeed.packing.options import RESTARTS_FIX
+from fastfeed.packing.plan import PackPlan, ShardPlan
 from fastfeed.packing.stream import with_tokens
 
 __all__ = ["ProgressFn", "ShardResult", "shard_fingerprint", "write_shard"]

@@ -16,7 +16,7 @@ from fastfeed.decode import fields
 from fastfeed.errors import BadFileError
 from fastfeed.formats import naming
 from fastfeed.packing.api import pack
-from fastfeed.packing.plan import PackOptions
+from fastfeed.packing.options import PackOptions
 
 
 def _image(fmt: str, size: tuple[int, int] = (40, 30)) -> bytes:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fastfeed.errors import ConfigError
-from fastfeed.packing.plan import PackOptions, group_units, shard_counts
+from fastfeed.packing.options import PackOptions
+from fastfeed.packing.plan import group_units, shard_counts
 
 
 @pytest.mark.parametrize("n,per,expected", [(10, 4, [4, 3, 3]), (9, 3, [3, 3, 3]), (7, 100, [7]),

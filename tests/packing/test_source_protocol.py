@@ -22,7 +22,8 @@ import pytest
 
 from fastfeed.errors import BadFileError
 from fastfeed.packing.finish import finalize
-from fastfeed.packing.plan import PackOptions, plan_source
+from fastfeed.packing.options import PackOptions
+from fastfeed.packing.plan import plan_source
 from fastfeed.packing.sources.base import (
     INPUTS,
     Content,

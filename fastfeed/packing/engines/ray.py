@@ -62,7 +62,8 @@ from fastfeed.errors import (
     missing_dependency,
 )
 from fastfeed.packed.layout import JOB_RECORD, RESUME_DIR
-from fastfeed.packing.plan import RESTARTS_FIX, PackPlan
+from fastfeed.packing.options import RESTARTS_FIX
+from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.write import ShardResult, write_shard
 from fastfeed.storage.remote import is_url
 

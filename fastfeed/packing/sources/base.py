@@ -249,7 +249,7 @@ class Source(Protocol):
     def content(self, shards: Sequence[tuple[Sequence[Any], Sequence[bool]]], options: Mapping[str, Any],
                 tokenizer: str | None) -> Content:
         """The content id of the output planned from ``(units, raw flags)`` per shard, ``options``
-        (:meth:`~fastfeed.packing.plan.PackOptions.output_options`) and a tokenizer's sha256."""
+        (:meth:`~fastfeed.packing.options.PackOptions.output_options`) and a tokenizer's sha256."""
         ...
 
     def for_writer(self) -> "Source":
