@@ -122,7 +122,7 @@ def doc_lines(cls: Any, *, indent: int = 4, names: Any = None, defaults: bool = 
         f, s = chosen[name]
         text = s.doc.rstrip(".") + (f" (default {_default_text(f)})." if defaults else ".")
         line = f"{name}: {text}"
-        out.append(textwrap.fill(line, width=100, initial_indent=" " * indent,
+        out.append(textwrap.fill(line, width=100, initial_indent=" " * indent, break_on_hyphens=False,
                                  subsequent_indent=" " * (indent + 4)))
     return "\n".join(out)
 
