@@ -84,7 +84,7 @@ from benchmarks.lib.dali import (  # noqa: E402
     handwritten_dali, handwritten_two, knobs_of, log, mean_rate, measure_one, prepare, result,
     setting_label, torchvision_gpu,
 )
-from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
+from benchmarks.lib.loaders import fastfeed_loader, option_value  # noqa: E402
 from benchmarks.lib.measure import Measurement  # noqa: E402
 from benchmarks.lib.report import Result  # noqa: E402
 from benchmarks.lib.suite import Axis, Benchmark, Context  # noqa: E402
@@ -212,7 +212,7 @@ def paired_search(name: str, ds: Path, cfg: Config) -> list[Trial]:
     return trials
 
 
-def store_tuneresult(ds: Path, setting: Setting, rate: float, cfg: Config, how: str) -> None:
+def store_tune_result(ds: Path, setting: Setting, rate: float, cfg: Config, how: str) -> None:
     """Store ``setting`` as the dataset's tune result (what ``loader(decode="dali")``'s ``"auto"`` uses)
     and check that ``"auto"`` picks it up."""
     import datetime
@@ -230,13 +230,13 @@ def store_tuneresult(ds: Path, setting: Setting, rate: float, cfg: Config, how: 
                            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                            {"reason": how}), str(ds))
     auto = fastfeed_loader(ds, batch_size=batch, image_size=cfg.image_size, decode="dali", device_id=cfg.device_id)
-    found = {k: getattr(auto.options, k) for k in knobs}
-    if auto.options.knobs_from != "tuned" or found != knobs:
+    found = {k: option_value(auto.options, k) for k in knobs}
+    if option_value(auto.options, "knobs_from") != "tuned" or found != knobs:
         log(f"WARNING: loader(decode='dali') 'auto' did not pick the stored setting up: {auto.options}")
     auto.close()
 
 
-def tuneknobs_of(ds: Path, cfg: Config) -> tuple[dict[str, Any], str]:
+def tune_knobs(ds: Path, cfg: Config) -> tuple[dict[str, Any], str]:
     """``fastfeed tune --decode dali`` on ``ds`` (only with ``--fastfeed-tune SECONDS``):
     its choice joins the paired search as one more candidate."""
     import fastfeed
@@ -276,7 +276,7 @@ def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str],
     trials = paired_search(name, ds, cfg)
     tuned = ""
     if cfg.tune_budget > 0:
-        knobs, why = tuneknobs_of(ds, cfg)
+        knobs, why = tune_knobs(ds, cfg)
         log(f"{name}: fastfeed tune chose {knobs} ({why})")
         trials += paired_search_one(name, ds, cfg, {**knobs, "batch_size": cfg.batch_size}, trials)
         tuned = f"; fastfeed tune's choice {knobs} among them ({why})"
@@ -296,7 +296,7 @@ def run_dataset(name: str, ds: Path, cfg: Config, skip: set[str],
             stored["num_threads"] = summary["num_threads"]
         how += (f"; num_pipelines {summary['num_pipelines']} ({summary['two_vs_one']:.3f}x for the faster "
                 f"two ({summary['best_two']}) over one)")
-    store_tuneresult(ds, stored, mean_rate(ff_best), cfg, how)
+    store_tune_result(ds, stored, mean_rate(ff_best), cfg, how)
     latency: dict[str, Any] = {}
     if name in latency_on:
         from benchmarks.dali_latency import latency as first_batch_latency

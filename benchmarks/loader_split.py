@@ -149,7 +149,7 @@ BENCHMARK = Benchmark(
     name="loader_split", doc=__doc__, options=options, prepare=prepare, run_point=run_point, point_env=point_env,
     progress=progress, report=report, isolate=True, needs=("psutil",), repeat=2,
     grid=(REPEAT, Axis("reads", ("map", "rows"), help="FASTFEED_RAW_READS of the loader's process")),
-    quick={"images": 1_000, "epochs": 4, "warmup_epochs": 1, "repeat": 1},
+    quick={"images": 1_000, "epochs": 10, "warmup_epochs": 1, "repeat": 1},
 )
 
 if __name__ == "__main__":

@@ -159,11 +159,17 @@ def run_benchmark(bench: Benchmark, argv: Sequence[str]) -> int:
     if bench.launcher and "LOCAL_RANK" not in os.environ and set(argv) <= {"--quick"}:  # from run_all
         print(f"SKIPPED {bench.name}: not run here; {bench.launcher} (see its header)")
         return 0
+    if not {"-h", "--help"} & set(argv):  # --help works everywhere
+        for need in bench.needs:
+            why = missing_need(need)
+            if why:
+                print(f"SKIPPED {bench.name}: {why}")
+                return 0
     p = _parser(bench)
     args = p.parse_args(list(argv))
-    if args.quick:
+    if args.quick:  # the benchmark's small settings, where the command line left the default
         for dest, value in bench.quick.items():
-            if dest not in {a.name for a in bench.axes}:
+            if dest not in {a.name for a in bench.axes} and getattr(args, dest, None) == p.get_default(dest):
                 setattr(args, dest, value)
     ctx = Context(args=args, grid=_grid(bench, args, p))
     if args.point is not None:  # one point, in the process the parent started for it
@@ -173,11 +179,6 @@ def run_benchmark(bench: Benchmark, argv: Sequence[str]) -> int:
             p.error("--point: this benchmark has no points")
         print("CHILD " + json.dumps(bench.run_point(got["point"], ctx), default=str))
         return 0
-    for need in bench.needs:
-        why = missing_need(need)
-        if why:
-            print(f"SKIPPED {bench.name}: {why}")
-            return 0
     ctx.env = environment()
     log(f"{bench.name}: {ctx.env['cores']} cores, load {ctx.env['loadavg_1m']:.1f}; data in {BENCH_DATA}")
     if bench.prepare is not None:

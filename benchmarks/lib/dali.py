@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 from fastfeed.timing.measure import Measurement, measure
 
-from benchmarks.lib.data import REPO, SHARED_SAMPLE, replicated_sample
+from benchmarks.lib.data import BENCH_DATA, REPO, SHARED_SAMPLE, replicated_sample
 from benchmarks.lib.loaders import fastfeed_loader
 from benchmarks.lib.measure import Stopwatch
 from benchmarks.lib.report import Result
@@ -82,7 +82,7 @@ class Config:
     max_side: int = 500
     originals_max_side: int | None = None
     images: Path = SHARED_SAMPLE
-    work: Path = REPO / "bench-data" / "dali"
+    work: Path = BENCH_DATA / "dali"
 
     @property
     def gpu(self) -> bool:

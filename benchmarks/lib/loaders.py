@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["DALI_KNOBS", "epochs", "fastfeed_loader", "fastfeed_options", "loader_kwargs", "shutdown"]
+__all__ = ["DALI_KNOBS", "epochs", "fastfeed_loader", "fastfeed_options", "loader_kwargs", "option_value", "shutdown"]
 
 #: the DALI settings a benchmark may pass in ``dali=`` (the loader's own names for them)
 DALI_KNOBS = ("num_threads", "hw_decoder_load", "prefetch_queue_depth", "num_pipelines")
@@ -85,6 +85,24 @@ def fastfeed_options(**settings: Any) -> Any:
     from fastfeed.loading.options import loader_options
 
     return loader_options(**loader_kwargs(**settings))
+
+
+def option_value(options: Any, name: str) -> Any:
+    """A loader option's value by its flat name (``num_threads``), wherever the loader's options keep
+    it: on the options themselves, or in one of their groups (``options.dali.num_threads``).
+
+    Raises:
+        AttributeError: when neither has it.
+    """
+    import dataclasses
+
+    if hasattr(options, name):
+        return getattr(options, name)
+    for f in dataclasses.fields(options):
+        group = getattr(options, f.name)
+        if dataclasses.is_dataclass(group) and hasattr(group, name):
+            return getattr(group, name)
+    raise AttributeError(f"{type(options).__name__} has no option {name!r}, in no group either")
 
 
 def epochs(dl: Any, first: int = 0) -> Callable[[], Iterator[Any]]:

@@ -113,7 +113,8 @@ class Benchmark:
         doc: the file's docstring (the first paragraph is the goal, the rest the ``--help`` epilog).
         grid: the axes, outermost first, with :data:`REPEAT` where the rounds go.
         options: adds the benchmark's own options (sizes, times) to the parser.
-        quick: option values (by ``dest``) and axis value lists (by axis name) of ``--quick``.
+        quick: option values (by ``dest``) and axis value lists (by axis name) of ``--quick``; an
+            option given on the command line keeps its value.
         prepare: builds or finds the data, once per run.
         run_point: measures one point; returns its row (None: failed).
         skip: why a point is not measured (None: measure it); said once per reason.
