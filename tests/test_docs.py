@@ -58,3 +58,35 @@ def test_api_reference_lists_every_public_name_at_its_module() -> None:
     assert sorted(name for _, name in listed) == sorted(fastfeed._EXPORTS)
     for module, name in listed:
         assert fastfeed._EXPORTS[name] == module, f"{name} is defined in {fastfeed._EXPORTS[name]}"
+
+
+MONITOR_EXAMPLE = ROOT / "docs" / "examples" / "monitor_cpu.py"
+
+
+def test_monitor_example_reports_where_the_steps_went(packed: Path, tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("monitor_cpu", MONITOR_EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.train(str(packed), epochs=2, every=3, html=str(tmp_path / "m.html"), jsonl=str(tmp_path / "m.jsonl"))
+    assert r.steps == 2 * 40 // 8 - 1 and r.verdict in fastfeed.diagnosis.vocabulary.VERDICTS
+    assert "verdict" not in r.fix and (tmp_path / "m.html").read_text().startswith("<!DOCTYPE html>")
+    assert (tmp_path / "m.jsonl").read_text().count("\n") == 1 + 4 + 1  # header, 4 windows, the report
+
+
+def test_monitor_example_runs_as_a_script(packed: Path) -> None:
+    out = subprocess.run([sys.executable, str(MONITOR_EXAMPLE), str(packed), "--epochs", "1", "--every", "2"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "fastfeed step monitor: 1 rank(s)" in out.stdout and "verdict: " in out.stdout
+    assert "fastfeed monitor: steps 1-2 on 1 rank(s)" in out.stderr  # rank 0's line per window
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_monitor_example_runs_under_torchrun(packed: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(MONITOR_EXAMPLE), str(packed),
+                          "--epochs", "2", "--every", "2"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fastfeed step monitor: 2 rank(s)" in out.stdout and "slowest rank" in out.stdout

@@ -287,6 +287,11 @@ def _communication(a: Attribution, f: RunFacts) -> Verdict:
     fix = ("overlap and batch the collectives: larger buckets (DDP(model, bucket_cap_mb=100)); gradient "
            "accumulation (model.no_sync() for k-1 of k batches) to all-reduce once per k batches; check the "
            "transport with NCCL_DEBUG=INFO (NET/Socket where InfiniBand or NVLink was expected)")
+    if f.collective_bytes < MIN_BUS_BYTES:  # latency or a host short of CPU for the communication threads
+        why += "; at this size the time is latency, or a host too busy to run the communication threads"
+        fix = ("fewer collectives: gradient accumulation (model.no_sync() for k-1 of k batches) all-reduces once "
+               "per k batches; leave cores to the communication threads (fewer loader workers per rank); check "
+               "the backend and transport (NCCL on GPUs; NCCL_DEBUG=INFO)")
     return Verdict("communication-bound", title, why, fix, bus_gb_s=bw)
 
 

@@ -280,17 +280,23 @@ def _long_steps(unit_time: np.ndarray) -> dict[str, float] | None:
             "share": extra / float(unit_time.sum())}
 
 
-def attribute(t: StepTimes) -> Attribution:
-    """Shares, the slowest rank, imbalance and the signals of ``t`` (see :class:`Attribution`)."""
+def attribute(t: StepTimes, *, detail: bool = True) -> Attribution:
+    """Shares, the slowest rank, imbalance and the signals of ``t`` (see :class:`Attribution`).
+
+    ``detail=False`` computes the seconds, shares, step time and slowest rank only (a window's
+    log line), leaving the other figures at their neutral values.
+    """
     s = split(t)
     seconds = np.stack([s.category(c).sum(axis=1) for c in CATEGORIES], axis=1) if t.steps else \
         np.zeros((t.ranks, len(CATEGORIES)))
     per_rank = tuple(_shares(seconds[r]) for r in range(t.ranks))
     units = s.busy.shape[1]
-    if units == 0:
-        zero = {c: 0.0 for c in CATEGORIES}
-        return Attribution(t.ranks, 0, 0, seconds, zero, 0.0, 0.0, 1.0, 1.0, 0, (0,) * t.ranks,
-                           (0.0,) * t.ranks, 0.0, 0.0, per_rank=per_rank)
+    if units == 0 or not detail:
+        excess = (s.busy - s.busy.mean(axis=0, keepdims=True)).sum(axis=1) if units else np.zeros(t.ranks)
+        step_s = float(s.total.sum()) / (t.ranks * t.steps) if t.steps else 0.0
+        return Attribution(t.ranks, t.steps, units, seconds, _shares(seconds) if units else {c: 0.0 for c in CATEGORIES},
+                           step_s, 0.0, 1.0, 1.0, int(np.argmax(excess)), (0,) * t.ranks,
+                           tuple(float(e) for e in excess), 0.0, 0.0, per_rank=per_rank)
     unit_time = s.total.max(axis=0)  # in lockstep every rank's; else the step lasted the longest rank's
     total = float(unit_time.sum())
     slow = np.argmax(s.busy, axis=0)

@@ -370,7 +370,7 @@ class StepMonitor:
             times = StepTimes.from_cube(cube, first_step=first, accumulation=self.accumulation)
             if times.steps == 0:
                 continue
-            a = attribute(times)
+            a = attribute(times, detail=False)
             previous = self._summaries[-1].slowest_rank if self._summaries else None
             summary = WindowSummary(
                 index=index, first_step=first, steps=cube.shape[1], step_s=a.step_s,

@@ -191,7 +191,7 @@ def run_unequal(rank: int, init: str, out: str) -> None:
     """Rank 2 stops 7 steps early and never calls report(): the others time out and say so."""
     _init(rank, init)
     try:
-        mon = fastfeed.StepMonitor(every=5, timeout=3)
+        mon = fastfeed.StepMonitor(every=5, timeout=2)
         for i, _ in enumerate(mon(range(17 if rank == 2 else 24))):
             time.sleep(0.005)
         res: dict[str, Any] = {}
@@ -200,7 +200,7 @@ def run_unequal(rank: int, init: str, out: str) -> None:
             res = {"world": report.world_size, "windows": len(report.windows), "notes": list(report.notes),
                    "steps": report.steps}
         else:
-            time.sleep(6)  # stay alive past the others' timeout, without answering
+            time.sleep(4)  # stay alive past the others' timeout, without answering
         Path(out).write_text(json.dumps(res))
     finally:
         dist.destroy_process_group()
