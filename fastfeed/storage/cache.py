@@ -4,7 +4,12 @@ Several DataLoader workers of several ranks ask for the same shard at once; the 
 makes sure it is fetched once and that a half-written file is never seen:
 
 - each entry has a lock file (``.locks/<entry>.lock``, ``fcntl.flock``): the first
-  process to miss takes it and fetches, the others wait on it and then find the entry;
+  process to miss takes it and fetches, the others wait on it and then find the entry.
+  The wait is bounded: a waiter watches the holder's ``.part`` file, and when it has not
+  grown for ``wait`` seconds (the holder is stopped, or stuck in a read that outlasts its
+  own timeouts) the waiter logs who holds the lock and fetches the entry itself (the
+  ``.part`` names differ and publishing is atomic, so two producers are only a wasted
+  download);
 - the fetch writes ``.tmp/<entry>.<host>.<pid>.<rand>.part``, the producer verifies it
   (size, sha256), and an atomic ``os.replace`` publishes it under its final name;
 - a hit sets the entry's mtime to now, so mtime order is least-recently-used order;
@@ -50,6 +55,9 @@ _TMP = ".tmp"
 _GLOBAL_LOCK = "_cache.lock"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _STALE_PART_S = 60.0
+#: How long an eviction waits for the cache-wide lock (held only to list and delete) before it
+#: goes on without it (a holder that was stopped must not stop every other process's misses).
+_EVICT_WAIT_S = 60.0
 
 
 @dataclass
@@ -64,17 +72,51 @@ class CacheStats:
 
 
 @contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
+def _flock(path: Path, *, wait: float | None = None, progress: Callable[[], int] | None = None) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path``; yields True, or False when ``wait`` ran out first.
+
+    ``wait`` None: wait as long as it takes. Otherwise the lock is polled, and the wait ends
+    (without the lock) once ``progress()`` (a number that grows while the holder works, e.g.
+    the bytes it has written) has not changed for ``wait`` seconds.
+    """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - non-POSIX
         raise ConfigError("cache_dir needs POSIX file locks (fcntl); pass cache_dir=None") from None
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        if wait is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield True
+            return
+        nap, seen, since = 0.01, None, time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = progress() if progress is not None else 0
+                if now != seen:
+                    seen, since = now, time.monotonic()
+                elif time.monotonic() - since > wait:
+                    yield False
+                    return
+                time.sleep(nap)
+                nap = min(0.5, nap * 2)
+        os.ftruncate(fd, 0)  # who holds it, for the message of a process that gives up waiting
+        os.write(fd, f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n".encode())
+        yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _holder(lock: Path) -> str:
+    """Who holds ``lock``, as its holder wrote it (``host pid N since HH:MM:SS``)."""
+    try:
+        text = lock.read_text(errors="replace").strip()
+    except OSError:
+        text = ""
+    return f"held by {text}" if text else "holder unknown"
 
 
 def entry_name(identity: str, basename: str) -> str:
@@ -123,6 +165,7 @@ class ShardCache:
         produce: Callable[[BinaryIO], object],
         *,
         size: int | None = None,
+        wait: float | None = None,
     ) -> str:
         """Return the local path of entry ``name``, producing it on a miss.
 
@@ -130,8 +173,11 @@ class ShardCache:
             name: the entry's file name (see :func:`entry_name`); it must change when
                 the content would (fold the source's size/sha256 into it).
             produce: writes the entry's bytes to the given file and raises if they are
-                wrong (it runs at most once per miss, in one process at a time).
+                wrong (it runs at most once per miss, in one process at a time, unless a
+                wait runs out).
             size: expected bytes of the entry when known, reserved before producing.
+            wait: seconds to wait for another process's download of the entry that makes
+                no progress, before producing it here too (None: as long as it takes).
 
         Returns:
             The path of the published entry.
@@ -140,7 +186,12 @@ class ShardCache:
         if self._touch(final):
             self.stats.hits += 1
             return str(final)
-        with _flock(self.root / _LOCKS / f"{name}.lock"):
+        lock = self.root / _LOCKS / f"{name}.lock"
+        with _flock(lock, wait=wait, progress=lambda: self._part_bytes(name)) as locked:
+            if not locked:
+                log.warning(
+                    "%s: waited %.0f s for another process's download of %s that made no progress (%s); "
+                    "downloading it here too", self.root, wait, name, _holder(lock))
             if self._touch(final):  # another process fetched it while we waited
                 self.stats.hits += 1
                 return str(final)
@@ -185,7 +236,7 @@ class ShardCache:
     def evict(self, *, reserve: int = 0, keep: str | None = None) -> int:
         """Delete least-recently-used entries until ``reserve`` more bytes fit; return bytes freed."""
         freed = 0
-        with _flock(self.root / _LOCKS / _GLOBAL_LOCK):
+        with _flock(self.root / _LOCKS / _GLOBAL_LOCK, wait=_EVICT_WAIT_S):
             entries = self.entries()
             total = sum(b for _, b, _ in entries) + sum(b for _, b in self._parts())
             for name, nbytes, _ in entries:
@@ -216,6 +267,16 @@ class ShardCache:
         except FileNotFoundError:
             return False
         return True
+
+    def _part_bytes(self, name: str) -> int:
+        """Bytes written so far by the downloads of entry ``name`` in progress (any process)."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for e in os.scandir(self.root / _TMP):
+                if e.name.startswith(name + "."):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += e.stat(follow_symlinks=False).st_size
+        return total
 
     def _parts(self) -> list[tuple[str, int]]:
         """In-flight downloads; removes those of dead processes of this host."""

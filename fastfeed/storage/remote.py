@@ -30,6 +30,15 @@ retried on transient errors (connection resets, timeouts, throttling, HTTP 5xx) 
 exponential backoff and jitter; after the last attempt a :class:`RemoteError` names the
 URL and the fix. Missing objects are not retried (:class:`ShardError`).
 
+Every call is bounded (:mod:`fastfeed.storage.retry`): :func:`filesystem` sets the
+policy's ``timeout`` (60 s without progress, by default) as the connect and read timeouts
+of the file system's own client, s3fs/botocore (``config_kwargs``) and HTTP (aiohttp's
+``sock_connect`` / ``sock_read``), and turns their own retries off (botocore and s3fs
+retry a read that timed out up to 125 times between them: hours against a frozen store),
+so the only retries are fastfeed's, counted and bounded. Options the caller set in those
+keys are kept. Other protocols keep their clients' timeouts (pass them in the fsspec
+options) and get fastfeed's retries.
+
 Example:
     >>> src = open_shard("s3://bucket/train/shard-000000.tar", cache_dir="/local/cache",
     ...                  size=268435456, sha256="9f2c...")            # doctest: +SKIP
@@ -51,7 +60,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping
 from fastfeed._util import format_bytes, parse_size
 from fastfeed.storage.cache import ShardCache, entry_name
 from fastfeed.errors import ConfigError, RemoteError, ShardError, missing_dependency
-from fastfeed.storage.retry import RetryPolicy, is_transient, with_retries
+from fastfeed.storage.retry import RetryPolicy, fsspec_options, is_transient, policy_of, with_retries
 
 __all__ = [
     "RetryPolicy",
@@ -61,6 +70,7 @@ __all__ = [
     "is_transient",
     "is_url",
     "open_shard",
+    "policy_of",
     "read_bytes",
     "with_retries",
 ]
@@ -97,23 +107,68 @@ def local_path(path: str | os.PathLike[str]) -> str | None:
     return None if is_url(s) else s
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """Return (fsspec filesystem, path within it) for ``url``.
+def filesystem(
+    url: str, storage_options: Mapping[str, Any] | None = None, *, retry: RetryPolicy | None = None
+) -> tuple[Any, str]:
+    """Return (fsspec filesystem, path within it) for ``url``, its client's timeouts set.
+
+    ``retry`` (default: the policy of ``storage_options``, :func:`policy_of`) gives the
+    timeout; see the module docstring for what is set where.
 
     Example:
-        >>> fs, path = filesystem("s3://bucket/train", {"anon": True})   # doctest: +SKIP
+        >>> fs, path = filesystem("s3://bucket/train", {"anon": True, "timeout": 30})   # doctest: +SKIP
+        >>> fs.retries, fs.config_kwargs["read_timeout"]                               # doctest: +SKIP
+        (1, 30.0)
     """
     try:
         import fsspec
     except ImportError:
         raise missing_dependency("fsspec", "s3", "Remote datasets") from None
+    timeout = (retry or policy_of(storage_options)).timeout
+    options = fsspec_options(storage_options)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        protocol = fsspec.core.split_protocol(url)[0]
+        kind = _client_kind(fsspec.get_filesystem_class(protocol)) if protocol and "::" not in url else None
+        if timeout is not None and kind is not None:
+            options = _with_timeouts(kind, options, timeout)
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:  # e.g. s3fs/gcsfs missing for the protocol
         raise missing_dependency(getattr(e, "name", None) or "s3fs", "s3", f"{url.split('://')[0]}:// URLs") from e
     except ValueError as e:
         raise ConfigError(f"{url}: not a URL fsspec understands ({e})") from None
+    if timeout is not None and kind == "s3":
+        fs.retries = 1  # s3fs's own retry loops (nested: 25 tries of each request); fastfeed retries
     return fs, path
+
+
+def _client_kind(cls: type) -> str | None:
+    """``"s3"`` (s3fs), ``"http"`` (fsspec's HTTP) or None: the clients whose timeouts are set here."""
+    for c in cls.__mro__:
+        module = c.__module__ or ""
+        if c.__name__ == "S3FileSystem" and module.split(".")[0] == "s3fs":
+            return "s3"
+        if c.__name__ == "HTTPFileSystem" and module.startswith("fsspec.implementations.http"):
+            return "http"
+    return None
+
+
+def _with_timeouts(kind: str, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """``options`` with the connect / read timeouts of the client (and no retries of its own),
+    where the caller did not set them."""
+    out = dict(options)
+    if kind == "s3":
+        config = dict(out.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        out["config_kwargs"] = config
+    elif kind == "http":
+        import aiohttp
+
+        client = dict(out.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+        out["client_kwargs"] = client
+    return out
 
 
 def read_bytes(
@@ -124,25 +179,28 @@ def read_bytes(
     Example:
         >>> read_bytes("s3://bucket/train/index.json")                 # doctest: +SKIP
     """
-    fs, path = filesystem(url, storage_options)
-    return with_retries(lambda: fs.cat_file(path), url, "read", retry)
+    policy = retry or policy_of(storage_options)
+    fs, path = filesystem(url, storage_options, retry=policy)
+    return with_retries(lambda: fs.cat_file(path), url, "read", policy)
 
 
 def exists(
     url: str, *, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None
 ) -> bool:
     """True when the object exists (with retries)."""
-    fs, path = filesystem(url, storage_options)
-    return bool(with_retries(lambda: fs.exists(path), url, "exists", retry))
+    policy = retry or policy_of(storage_options)
+    fs, path = filesystem(url, storage_options, retry=policy)
+    return bool(with_retries(lambda: fs.exists(path), url, "exists", policy))
 
 
 def object_size(
     url: str, *, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy | None = None
 ) -> int:
     """Size of an object in bytes (one HEAD/stat request, with retries); ShardError when missing."""
-    fs, path = filesystem(url, storage_options)
+    policy = retry or policy_of(storage_options)
+    fs, path = filesystem(url, storage_options, retry=policy)
     try:
-        info = with_retries(lambda: fs.info(path), url, "stat", retry)
+        info = with_retries(lambda: fs.info(path), url, "stat", policy)
     except FileNotFoundError:
         raise _missing(url) from None
     size = info.get("size")
@@ -171,7 +229,8 @@ def _remote_chunks(
     url: str, size: int, storage_options: Mapping[str, Any] | None, retry: RetryPolicy | None
 ) -> Iterator[bytes]:
     """The object's bytes in order: waves of parallel ranged reads, each wave retried."""
-    fs, path = filesystem(url, storage_options)
+    retry = retry or policy_of(storage_options)
+    fs, path = filesystem(url, storage_options, retry=retry)
 
     def whole() -> bytes:
         # a ranged read of the known size: s3fs would otherwise send a HEAD before the GET
@@ -368,7 +427,8 @@ def open_shard(
             and part of the cache entry's identity. Looked up (one request) when None.
         sha256: the expected hex digest; verified on download when given (not on cache
             hits) and part of the cache entry's identity.
-        retry: retry policy for transient errors (default :class:`RetryPolicy`).
+        retry: timeout and retries of every request (default: the ``"timeout"`` / ``"retries"``
+            of ``storage_options``, else the environment's or the defaults: :func:`policy_of`).
         max_memory: without a cache, shards up to this size are held in memory, larger
             ones in an unlinked temporary file.
 
@@ -393,18 +453,19 @@ def open_shard(
             raise _missing(url)
         if not gz:
             return src
+    retry = retry or policy_of(storage_options)
     fetch = functools.partial(
         _fetch, url=url, size=size, sha256=sha256, gunzip=gz, storage_options=storage_options, retry=retry
     )
     if cache_dir is not None:
-        return _open_cached(url, src, gz, fetch, shard_cache(cache_dir, cache_size), size, sha256)
+        return _open_cached(url, src, gz, fetch, shard_cache(cache_dir, cache_size), size, sha256, retry)
     return _open_in_process(url, src, gz, fetch, size, parse_size(max_memory, "max_memory"),
                             storage_options, retry)
 
 
 def _open_cached(
     url: str, src: str | None, gz: bool, fetch: Callable[..., None], cache: ShardCache,
-    size: int | None, sha256: str | None,
+    size: int | None, sha256: str | None, retry: RetryPolicy,
 ) -> str:
     if src is not None:  # a local .tgz: its identity is its path, size and mtime
         st = os.stat(src)
@@ -414,7 +475,9 @@ def _open_cached(
     base = url.rstrip("/").rsplit("/", 1)[-1]
     if gz:
         base = base[: -len(".tgz")] + ".tar" if base.lower().endswith(".tgz") else base[: -len(".gz")]
-    return cache.get(entry_name(identity, base), fetch, size=None if gz else size)
+    # another process's download of the entry that stops making progress is waited for as long as
+    # one request may stall here, then this process fetches too (cache.get)
+    return cache.get(entry_name(identity, base), fetch, size=None if gz else size, wait=retry.bound())
 
 
 def _open_in_process(

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from fastfeed.errors import ConfigError
 from fastfeed.storage.remote import filesystem, local_path
-from fastfeed.storage.retry import with_retries
+from fastfeed.storage.retry import policy_of, with_retries
 
 __all__ = ["SHARD_SUFFIXES", "expand_braces", "expand_shards", "is_shard_name"]
 
@@ -139,19 +139,20 @@ def _expand_one(path: str, storage_options: Mapping[str, Any] | None) -> list[st
         return [local]
     if is_shard_name(path) and not has_glob:
         return [path]
-    fs, fpath = filesystem(path, storage_options)
+    policy = policy_of(storage_options)  # the timeout and retries of each listing request
+    fs, fpath = filesystem(path, storage_options, retry=policy)
     protocol = path.split("://", 1)[0]
 
     def url(p: str) -> str:
         return p if "://" in p else f"{protocol}://{p}"
 
     if has_glob:
-        found = with_retries(lambda: fs.glob(fpath), path, "listing")
+        found = with_retries(lambda: fs.glob(fpath), path, "listing", policy)
         return sorted(url(p) for p in found if is_shard_name(p))
-    if with_retries(lambda: fs.isdir(fpath), path, "listing"):
-        found = with_retries(lambda: fs.ls(fpath, detail=False), path, "listing")
+    if with_retries(lambda: fs.isdir(fpath), path, "listing", policy):
+        found = with_retries(lambda: fs.ls(fpath, detail=False), path, "listing", policy)
         return sorted(url(p) for p in found if is_shard_name(p))
-    if not with_retries(lambda: fs.exists(fpath), path, "listing"):
+    if not with_retries(lambda: fs.exists(fpath), path, "listing", policy):
         raise ConfigError(
             f"{path}: nothing there (no index.json, no shards); check the URL, and the endpoint "
             "and credentials (storage_options or AWS_* environment variables)"
