@@ -17,6 +17,8 @@ argument) and how to fix it::
     │   └── SampleError                   one sample cannot be read or decoded
     ├── StateError (ValueError)           a state_dict that does not fit this loader/sampler
     ├── RemoteError                       object storage failed after retries
+    ├── StallError (RuntimeError)         no batch within the watchdog's bound: names the worker,
+    │                                     its state and the shard it reads
     └── MissingDependencyError (ImportError)  an optional dependency is not installed
 
 Example:
@@ -41,6 +43,7 @@ __all__ = [
     "SampleError",
     "ShardError",
     "SourceError",
+    "StallError",
     "StateError",
     "UnsafePathError",
     "missing_dependency",
@@ -115,6 +118,32 @@ class StateError(FastfeedError, ValueError):
 
 class RemoteError(FastfeedError):
     """Object storage failed after retries."""
+
+
+class StallError(FastfeedError, RuntimeError):
+    """No batch came within ``Workers(stall_timeout=)`` and ``on_stall="raise"`` was asked for.
+
+    A RuntimeError, as PyTorch's own ``DataLoader timed out`` is, so code that caught that
+    keeps working.
+
+    Attributes:
+        worker: the DataLoader worker that holds the loop up (None: not a worker, e.g. the
+            DALI pipeline, or none could be named).
+        pid: its process id (None when unknown).
+        state: what it is doing, in words (``"stopped (state T)"``, ``"in disk wait (state D)"``,
+            ``"reading"``, ...).
+        shard: the shard it is reading, when known.
+        waited: seconds the loop waited.
+    """
+
+    def __init__(self, message: str, *, worker: int | None = None, pid: int | None = None, state: str = "",
+                 shard: str = "", waited: float = 0.0) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.state = state
+        self.shard = shard
+        self.waited = waited
 
 
 class MissingDependencyError(FastfeedError, ImportError):
