@@ -10,6 +10,18 @@ reader in a process shares one read-only environment per shard file through
 :func:`open_shared_env` (counted: the last reader to let go closes it), and a forked child
 closes its copies of the parent's environments before it opens its own.
 
+An LMDB environment is read through a memory map, and a page past the end of a file that is
+shorter than its header says is a SIGBUS that kills the reading process. So before a file is
+mapped, :func:`needed_size` reads its two meta pages and the file must hold every page they
+count (a truncated shard is a :class:`~fastfeed.errors.ShardError` naming it); and
+:class:`LmdbShardReader` checks the file's size (one ``fstat``) before every read, so a shard
+truncated under a running loader is that error too. What remains: a file truncated in the
+microseconds between that check and the read still faults (``docs/format.md``).
+
+With ``checksum`` (:mod:`fastfeed.formats.checksum`), the writer records each record's
+checksum (:attr:`LmdbShardWriter.checksums`); a reader given the index's checksums of the shard
+(``sums``) checks every record it reads against them.
+
 Example:
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "s.lmdb")
@@ -30,11 +42,69 @@ import weakref
 from typing import Any, Callable, Iterator, Mapping
 
 from fastfeed.errors import MissingDependencyError, SampleError, ShardError
+from fastfeed.formats.checksum import ShardSums, digest
+from fastfeed.formats.span import OpenFile, check_size
 
-__all__ = ["LmdbShardReader", "LmdbShardWriter", "decode_sample", "encode_sample", "open_shared_env"]
+__all__ = ["LmdbShardReader", "LmdbShardWriter", "decode_sample", "encode_sample", "needed_size",
+           "open_shared_env"]
 
 MAGIC = b"FFS1"
 _MAP_SIZE = 1 << 40
+# LMDB's meta pages (pages 0 and 1; lmdb's mdb.c, MDB_meta after a 16-byte page header): magic
+# and version at 16, the page size in the free DB's md_pad at 40, the last page number and the
+# transaction id at 136 and 144; the meta of the higher transaction is the current one.
+_LMDB_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<II")
+_PSIZE_AT, _LAST_AT = 40, 136
+_PAGE = struct.Struct("<QQ")
+
+
+def needed_size(path: str) -> int:
+    """The bytes the LMDB file ``path`` must have: every page its current meta page counts.
+
+    Reads the file's first two pages (nothing is mapped).
+
+    Raises:
+        ShardError: not an LMDB file, or shorter than its header says (truncated).
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "s.lmdb")
+        >>> w = LmdbShardWriter(p); _ = w.add("k0", {"txt": b"hi"}); _ = w.close()
+        >>> needed_size(p) == os.path.getsize(p)
+        True
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+            size = os.fstat(fh.fileno()).st_size
+    except FileNotFoundError:
+        raise ShardError(f"{path}: shard is missing; restore it or re-run `fastfeed pack`") from None
+    if len(head) < 64 or _META.unpack_from(head, 16) != (_LMDB_MAGIC, 1):
+        raise ShardError(f"{path}: not an LMDB file (no LMDB meta page at its start, {size} bytes); the shard is "
+                         "damaged or is not one: restore it or re-run `fastfeed pack`")
+    psize = struct.unpack_from("<I", head, _PSIZE_AT)[0]
+    if not 512 <= psize <= 1 << 16 or psize & (psize - 1):
+        raise ShardError(f"{path}: its LMDB meta page gives a page size of {psize}; the shard is damaged, restore it "
+                         "or re-run `fastfeed pack`")
+    if size < 2 * psize:
+        raise ShardError(f"{path}: {size} bytes, less than LMDB's two meta pages of {psize}: the shard is "
+                         "truncated, restore it or re-run `fastfeed pack`")
+    if len(head) < 2 * psize:
+        with open(path, "rb") as fh:
+            head = fh.read(2 * psize)
+    metas = []
+    for base in (0, psize):
+        if _META.unpack_from(head, base + 16)[0] == _LMDB_MAGIC:
+            last, txn = _PAGE.unpack_from(head, base + _LAST_AT)
+            metas.append((txn, last))
+    if not metas:
+        raise ShardError(f"{path}: no valid LMDB meta page; the shard is damaged, restore it or re-run `fastfeed pack`")
+    need = (max(metas)[1] + 1) * psize
+    if size < need:
+        raise ShardError(f"{path}: {size} bytes, but its LMDB header counts {need} ({need // psize} pages of {psize}): "
+                         "the shard is truncated, restore it or re-run `fastfeed pack`")
+    return need
 
 
 def _lmdb() -> Any:
@@ -90,7 +160,8 @@ def open_shared_env(path: str) -> tuple[Any, Callable[[], None]]:
     release (each release counts once, however often it is called, and in no other process).
 
     Raises:
-        ShardError: the file is missing or is not an LMDB shard.
+        ShardError: the file is missing, is not an LMDB shard, or is shorter than its header
+            says (:func:`needed_size`).
 
     Example:
         >>> import tempfile, os
@@ -113,6 +184,7 @@ def open_shared_env(path: str) -> tuple[Any, Callable[[], None]]:
     with table.lock:
         entry = table.envs.get(key)
         if entry is None:
+            needed_size(path)  # a truncated file: this error, not a SIGBUS when a page past its end is read
             try:
                 env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
                                 max_readers=2048)
@@ -179,11 +251,18 @@ def decode_sample(buf: bytes | memoryview, where: str = "") -> dict:
 
 
 class LmdbShardWriter:
-    """Write one LMDB shard; samples are numbered in the order they are added."""
+    """Write one LMDB shard; samples are numbered in the order they are added.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    With ``checksum`` (an algorithm of :mod:`fastfeed.formats.checksum`), :attr:`checksums`
+    holds, per sample added, the checksum of its record (the bytes its reader reads).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, checksum: str | None = None) -> None:
         lmdb = _lmdb()
         self.path = str(path)
+        self._digest = digest(checksum) if checksum is not None else None
+        #: per sample added, the checksum of its record (with ``checksum``; else empty)
+        self.checksums: list[int] = []
         if os.path.exists(self.path):
             os.remove(self.path)
         self._env = lmdb.open(
@@ -195,7 +274,10 @@ class LmdbShardWriter:
 
     def add(self, key: str, fields: Mapping[str, bytes]) -> tuple[int, int]:
         """Append a sample; return (record number, 0)."""
-        self._txn.put(record_key(self._n), encode_sample(key, fields), append=True)
+        record = encode_sample(key, fields)
+        if self._digest is not None:
+            self.checksums.append(self._digest(record))
+        self._txn.put(record_key(self._n), record, append=True)
         self._n += 1
         return self._n - 1, 0
 
@@ -213,14 +295,24 @@ class LmdbShardWriter:
 
 class LmdbShardReader:
     """Read samples of an LMDB shard; shares the process's environment of the file
-    (:func:`open_shared_env`) and opens its own after a fork."""
+    (:func:`open_shared_env`) and opens its own after a fork.
 
-    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+    Every read first checks that the file still has the size its header gave when it was
+    opened (one ``fstat``): a shard truncated while it is read is a ShardError, not a SIGBUS.
+    With ``sums`` (:class:`~fastfeed.formats.checksum.ShardSums`), every record read is checked
+    against its checksum.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None,
+                 sums: ShardSums | None = None) -> None:
         self.path = str(path)
         self.name = name or self.path
+        self.sums = sums
         self._env: Any = None
         self._pid = -1
         self._release: Any = None
+        self._file: OpenFile | None = None
+        self._need = 0
 
     def _open(self) -> Any:
         if self._env is None or self._pid != os.getpid():
@@ -229,10 +321,18 @@ class LmdbShardReader:
             # a reader dropped without close() lets go of the environment too
             self._release = weakref.finalize(self, release)
             self._release.atexit = False
+            self._file = OpenFile.open(self.path)
+            self._need = needed_size(self.path)
+        check_size(self._file.fd, self._need, self.name)  # type: ignore[union-attr]
         return self._env
 
     def read(self, offset: int, size: int = 0) -> dict:
-        """Return record number ``offset`` (``size`` is unused for LMDB)."""
+        """Return record number ``offset`` (``size`` is unused for LMDB).
+
+        Raises:
+            ShardError: the file shrank since it was opened.
+            SampleError: the record is missing, damaged, or its checksum is not the index's (``sums``).
+        """
         env = self._open()
         with env.begin(buffers=True) as txn:
             buf = txn.get(record_key(offset))
@@ -242,19 +342,36 @@ class LmdbShardReader:
                     "shard, re-run `fastfeed pack`",
                     shard=self.name, offset=offset,
                 )
+            if self.sums is not None:
+                self.sums.check(buf, offset, self.name, lambda: _key_of(buf))
             return decode_sample(buf, f"{self.name}[{offset}]")
+
+    def records(self) -> Iterator[tuple[int, memoryview]]:
+        """Every record's number and bytes (valid until the next one), in order; the file's size
+        is checked before each."""
+        env = self._open()
+        with env.begin(buffers=True) as txn:
+            for k, v in txn.cursor():
+                self._open()
+                yield int(bytes(k)), v
 
     def __len__(self) -> int:
         return int(self._open().stat()["entries"])
 
     def __iter__(self) -> Iterator[dict]:
-        env = self._open()
-        with env.begin(buffers=True) as txn:
-            for k, v in txn.cursor():
-                yield decode_sample(v, f"{self.name}[{bytes(k).decode()}]")
+        for n, v in self.records():
+            yield decode_sample(v, f"{self.name}[{n:010d}]")
 
     def close(self) -> None:
         """Let go of the shared environment (closed when no other reader of this process uses it)."""
         if self._release is not None:
             self._release()  # once only; does nothing in a forked child
-        self._env = self._release = None
+        self._env = self._release = self._file = None
+
+
+def _key_of(buf: bytes | memoryview) -> str:
+    """The key of a record, for messages (empty when the record is too damaged to say)."""
+    try:
+        return str(decode_sample(buf)["__key__"])
+    except (SampleError, KeyError, AttributeError):
+        return ""

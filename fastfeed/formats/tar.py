@@ -30,6 +30,7 @@ import tarfile
 from typing import BinaryIO, Iterator, Mapping
 
 from fastfeed.errors import SampleError, ShardError
+from fastfeed.formats.checksum import hasher
 from fastfeed.formats.naming import split_key
 
 __all__ = ["TarShardReader", "TarShardWriter", "dali_index_text"]
@@ -77,11 +78,17 @@ class TarShardWriter:
     """Write one tar shard (optionally with its DALI index) sample by sample.
 
     Fields of a sample are written in sorted order. ``close()`` pads the archive to a
-    whole tar record and returns (size, sha256).
+    whole tar record and returns (size, sha256). With ``checksum`` (an algorithm of
+    :mod:`fastfeed.formats.checksum`), :attr:`checksums` holds, per sample added, the
+    checksum of its span (headers, data and padding: the bytes its reader reads).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fileobj: BinaryIO | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fileobj: BinaryIO | None = None,
+                 checksum: str | None = None) -> None:
         self.path = str(path)
+        self.checksum = checksum
+        #: per sample added, the checksum of its span (with ``checksum``; else empty)
+        self.checksums: list[int] = []
         self._f: BinaryIO = fileobj if fileobj is not None else open(path, "wb", buffering=1 << 20)
         self._own = fileobj is None
         self._sha = hashlib.sha256()
@@ -98,6 +105,7 @@ class TarShardWriter:
         """Append a sample; return (offset of its first header, byte span)."""
         start = pos = self._pos
         write, update = self._f.write, self._sha.update
+        span = hasher(self.checksum) if self.checksum is not None else None
         members = []
         for ext in sorted(fields):
             data = fields[ext]
@@ -112,10 +120,17 @@ class TarShardWriter:
             if pad:
                 write(pad)
                 update(pad)
+            if span is not None:
+                span.update(header)
+                span.update(data)
+                if pad:
+                    span.update(pad)
             pos += len(header)
             members.append((ext, pos, size, name))
             pos += size + len(pad)
         self._pos = pos
+        if span is not None:
+            self.checksums.append(span.intdigest())
         if not self._names_have_spaces and (_SPACE.search(key) or any(_SPACE.search(f) for f in fields)):
             self._names_have_spaces = True
         self._dali.append(members)

@@ -32,8 +32,9 @@ from typing import Any, BinaryIO, Callable, Iterator
 import numpy as np
 
 from fastfeed.errors import SampleError, ShardError
+from fastfeed.formats.checksum import ShardSums
 from fastfeed.formats.naming import RAW_FIELD, split_key
-from fastfeed.formats.span import FileSpan, OpenFile
+from fastfeed.formats.span import FileSpan, OpenFile, check_size
 from fastfeed.formats.tar import TarShardReader
 
 __all__ = ["FastTarReader", "first_member_name", "parse_sample"]
@@ -300,6 +301,15 @@ def first_member_name(read: Callable[[int, int], bytes], offset: int, where: str
                       "this shard, re-run `fastfeed pack`", shard=where, offset=offset)
 
 
+def _key_in(buf: bytes | memoryview) -> str:
+    """The key of the sample in a span, for messages (empty when the span is too damaged to say)."""
+    try:
+        sample = parse_sample(buf)
+    except (SampleError, ValueError, IndexError, struct.error):
+        return ""
+    return str(sample["__key__"]) if sample else ""
+
+
 class FastTarReader:
     """Read samples of a tar shard by (offset, size): a local path or a seekable file.
 
@@ -310,9 +320,15 @@ class FastTarReader:
     ``pack --store raw``), samples are read from a read-only memory map of the shard
     instead of with ``pread``: the raw pixel field (``rgb8``) is then a view of the page
     cache, so a random crop touches only its rows and nothing is copied or allocated per
-    sample. Other fields are copied out as always. (A shard truncated while mapped makes
-    the reading process fail with SIGBUS rather than an error; the index check at open
-    catches a shard truncated before.)
+    sample. Other fields are copied out as always. Before a read touches the map, the file's
+    size is checked against the shard's (``size``, the index's; else the map's): a shard
+    truncated under a running loader is a :class:`~fastfeed.errors.ShardError`, not a
+    SIGBUS (one ``fstat`` a sample; a file truncated between that check and the decoder's
+    reading of the pixels still faults: see ``docs/format.md``). Without the map, a read
+    that comes back short is that ShardError when the file shrank, else a SampleError.
+
+    With ``sums`` (the index's checksums of this shard, :class:`~fastfeed.formats.checksum.ShardSums`),
+    :meth:`read` checks every sample's span against its checksum before parsing it.
 
     With ``raw_rows`` as well, only the members' headers are read through the map and the
     raw pixel field comes back as a :class:`~fastfeed.formats.span.FileSpan`: its place in
@@ -321,8 +337,11 @@ class FastTarReader:
     """
 
     def __init__(self, file: str | os.PathLike[str] | BinaryIO, *, name: str | None = None,
-                 use_mmap: bool = False, raw_rows: bool = False) -> None:
+                 use_mmap: bool = False, raw_rows: bool = False, size: int | None = None,
+                 sums: ShardSums | None = None) -> None:
         self._file = file
+        self._size = size
+        self.sums = sums
         self._path = str(file) if isinstance(file, (str, os.PathLike)) else None
         self.name = name or self._path or getattr(file, "path", None) or "<stream>"
         self._open: OpenFile | None = None
@@ -356,7 +375,8 @@ class FastTarReader:
     def _read_span(self, offset: int, size: int) -> bytes | memoryview:
         if self._use_mmap:
             m = self._mapping()
-            if m is not None:
+            if m is not None:  # a page past the end of a file that shrank would be a SIGBUS: look first
+                check_size(self._open_fd(), self._size if self._size is not None else len(m), self.name)
                 return memoryview(m)[offset: offset + size]
         if self._path is None:
             f = self._file
@@ -376,14 +396,23 @@ class FastTarReader:
             pass
 
     def read(self, offset: int, size: int) -> dict[str, Any]:
-        """The sample whose members start at ``offset`` and span ``size`` bytes."""
+        """The sample whose members start at ``offset`` and span ``size`` bytes.
+
+        Raises:
+            ShardError: the shard is shorter than the index says (truncated while being read).
+            SampleError: the span is damaged, or its checksum is not the index's (with ``sums``).
+        """
         buf = self._read_span(offset, size)
         if len(buf) != size:
+            if self._path is not None and self._size is not None:
+                check_size(self._open_fd(), self._size, self.name)
             raise SampleError(
                 f"{self.name}: truncated at offset {offset} (wanted {size} bytes, got {len(buf)}); "
                 "the shard is damaged, re-run `fastfeed pack` or restore it",
                 shard=self.name, offset=offset,
             )
+        if self.sums is not None:
+            self.sums.check(buf, offset, self.name, lambda: _key_in(buf))
         sample = parse_sample(buf, self.name, offset)
         if sample is None:
             sample = TarShardReader(io.BytesIO(bytes(buf)), name=self.name).read(0, size)

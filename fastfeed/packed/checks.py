@@ -2,12 +2,16 @@
 
 :func:`info` reads the index and its sidecars (never the shards) into an :class:`InfoReport`;
 :func:`verify` checks everything a reader relies on: the index loads, every shard exists
-with its recorded size and sha256, every sample parses and its key is unique, the
+with its recorded size and sha256, every sample parses and its key is unique, every sample's
+bytes have the checksum ``checksums.npy`` recorded (:mod:`fastfeed.packed.integrity`), every
+sidecar has the sha256 ``index.json`` recorded and integer rows of the right shape, the
 offsets in ``offsets.npy`` point at the samples (tar) or records (LMDB), each tar's DALI
-index matches its members, labels match the ``cls`` members, lengths and ``skipped.txt``
-agree with the index, every image decodes, and every image stored as pixels (``rgb8``,
-``pack --store raw``) has the bytes its shape in ``shapes.npy`` says. It collects problems instead of stopping
-at the first one.
+index matches its members, labels match the ``cls`` members and lie within ``classes``,
+lengths and ``skipped.txt`` agree with the index, every image decodes (a JPEG whose data
+libjpeg finds corrupt counts as damaged, :func:`~fastfeed.formats.images.decode_error`), and
+every image stored as pixels (``rgb8``, ``pack --store raw``) has the bytes its shape in
+``shapes.npy`` says. It collects problems instead of stopping at the first one, and survives
+what it finds: a shard whose check kills its worker process is named as a problem.
 
 Both reports print as :meth:`~InfoReport.text` (what ``fastfeed info`` / ``verify`` show) and
 :meth:`~InfoReport.to_json` (what they show with ``--json``).
@@ -26,7 +30,6 @@ import hashlib
 import os
 import tarfile
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -41,7 +44,15 @@ from fastfeed.formats.naming import RAW_FIELD, is_image, split_key
 from fastfeed.formats.wds import scan_tar
 from fastfeed.host import cpu_count
 from fastfeed.packed.index import DatasetIndex, ShardInfo
-from fastfeed.packed.layout import LENGTHS_NAME, SKIPPED_NAME
+from fastfeed.packed.integrity import run_isolated, sample_problems, verify_sidecars
+from fastfeed.packed.layout import (
+    CHECKSUMS_NAME,
+    LABELS_NAME,
+    LENGTHS_NAME,
+    OFFSETS_NAME,
+    SHAPES_NAME,
+    SKIPPED_NAME,
+)
 from fastfeed.packed.reader import resolve_index
 from fastfeed.storage.remote import is_gzip_tar, open_shard
 
@@ -380,30 +391,33 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
     report = VerifyReport(path=str(dst), ok=False)
     try:
         idx = open_checked(dst, on_error="skip")  # a damaged foreign tar: reported below, the rest checked
-        offsets = np.asarray(idx.offsets)
-        labels = None if idx.labels is None else np.asarray(idx.labels)
-        lengths = None if idx.lengths is None else np.asarray(idx.lengths)
-        shapes = None if idx.shapes is None else np.asarray(idx.shapes)
     except FastfeedError as e:
         report.problems.append(str(e))
         return report
+    foreign = is_foreign(idx)
+    arrays, report.problems = _sidecars(idx, foreign)
+    offsets, labels, lengths, shapes, sums = (arrays.get(n) for n in (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME,
+                                                                     SHAPES_NAME, CHECKSUMS_NAME))
+    algorithm = str((idx.checksums or {}).get("algorithm", ""))
     if lengths is not None and (lengths < 0).any():
         report.problems.append(f"{dst}/{LENGTHS_NAME}: negative lengths; re-run `fastfeed pack --overwrite`")
-    foreign = is_foreign(idx)
     report.problems += _damaged_tars(idx) if foreign else _check_skipped(Path(dst), idx)
     starts = idx.shard_starts
-    jobs = []
-    for s, info_ in enumerate(idx.shards):
-        a, b = int(starts[s]), int(starts[s + 1])
-        jobs.append((idx.root if foreign else str(dst), idx.format, info_, offsets[a:b].copy(),
-                     None if labels is None else labels[a:b].copy(), decode, foreign,
-                     None if shapes is None else shapes[a:b].copy()))
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing as mp
 
-        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as ex:
-            outcomes = [_reported(o, i, len(jobs), progress) for i, o in enumerate(ex.map(_verify_shard, jobs))]
+    def rows(arr: np.ndarray | None, s: int) -> np.ndarray | None:
+        return None if arr is None else np.asarray(arr[int(starts[s]):int(starts[s + 1])]).copy()
+
+    jobs = [(idx.root if foreign else str(dst), idx.format, info_, rows(offsets, s), rows(labels, s), decode, foreign,
+             rows(shapes, s), rows(sums, s), algorithm) for s, info_ in enumerate(idx.shards)]
+    names = [str(Path(job[0]) / job[2].name) for job in jobs]
+
+    def died(i: int, why: str) -> tuple[list[str], list[str], int, int]:
+        return ([f"{names[i]}: the process checking it {why}; the shard is damaged in a way that crashes its "
+                 "reader: restore it or re-pack (and report it: it should have been an error)"], [], 0, 0)
+
+    if workers > 1 and len(jobs) > 1:
+        outcomes = run_isolated(_verify_shard, jobs, int(workers), names, died,
+                                lambda i: _reported(None, i, len(jobs), progress))
     else:
         outcomes = [_reported(_verify_shard(j), i, len(jobs), progress) for i, j in enumerate(jobs)]
     seen: dict[str, str] = {}
@@ -421,6 +435,13 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
                 seen[k] = info_.name
     report.ok = not report.problems
     return report
+
+
+def _sidecars(idx: DatasetIndex, foreign: bool) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The usable sidecars and the problems found in them (foreign tars: the offsets of the scan)."""
+    if foreign:
+        return {OFFSETS_NAME: np.asarray(idx.offsets)}, []
+    return verify_sidecars(idx)
 
 
 def _reported(outcome: _T, i: int, total: int, progress: Callable[[int, int], None] | None) -> _T:
@@ -448,13 +469,16 @@ def _check_skipped(root: Path, idx: DatasetIndex) -> list[str]:
     return []
 
 
-def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None, bool, bool, np.ndarray | None]
-                  ) -> tuple[list[str], list[str], int, int]:
+_Job = tuple[str, str, ShardInfo, "np.ndarray | None", "np.ndarray | None", bool, bool, "np.ndarray | None",
+             "np.ndarray | None", str]
+
+
+def _verify_shard(job: _Job) -> tuple[list[str], list[str], int, int]:
     """Check one shard: (problems, keys in order, images decoded, bytes).
 
     A foreign tar (no fastfeed index) has no checksum or DALI index to compare: its
     members are read and its images decoded."""
-    root, fmt, shard, offsets, labels, decode, foreign, shapes = job
+    root, fmt, shard, offsets, labels, decode, foreign, shapes, sums, algorithm = job
     path = Path(root) / shard.name
     problems: list[str] = []
 
@@ -482,7 +506,7 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
             key = sample["__key__"]
             keys.append(key)
             loc = (i, 0) if locations is None else locations[i] if i < len(locations) else None
-            if i < len(offsets) and tuple(int(x) for x in offsets[i]) != loc:
+            if offsets is not None and i < len(offsets) and tuple(int(x) for x in offsets[i]) != loc:
                 problem(f"sample {key!r}: offsets.npy says {tuple(int(x) for x in offsets[i])}, the shard "
                         f"{loc}; re-pack")
             if labels is not None and i < len(labels) and "cls" in sample:
@@ -501,13 +525,28 @@ def _verify_shard(job: tuple[str, str, ShardInfo, np.ndarray, np.ndarray | None,
                                     + fix.format(member=f"{key}.{name}"))
     except (FastfeedError, tarfile.TarError, OSError) as e:
         problem(f"cannot be read after {len(keys)} samples ({e}); restore it or re-pack")
+        _check_sums(path, fmt, offsets, sums, algorithm, keys, problem, quiet=True)  # which samples are damaged
         return problems, keys, images, size
+    _check_sums(path, fmt, offsets, sums, algorithm, keys, problem)
     if len(keys) != shard.samples:
         problem(f"holds {len(keys)} samples, the index says {shard.samples}; re-pack")
     if fmt == "tar" and not foreign:
         for text in _check_dali_index(Path(root), shard, path):
             problem(text)
     return problems, keys, images, size
+
+
+def _check_sums(path: Path, fmt: str, offsets: np.ndarray | None, sums: np.ndarray | None, algorithm: str,
+                keys: list[str], problem: Callable[[str], None], quiet: bool = False) -> None:
+    """Every sample against ``checksums.npy`` (when the index has it); ``quiet``: a shard that
+    cannot be read was reported already."""
+    if sums is None or offsets is None:
+        return
+    try:
+        sample_problems(str(path), fmt, offsets, sums, algorithm, keys, problem)
+    except (FastfeedError, OSError) as e:
+        if not quiet:
+            problem(f"samples not checked against checksums.npy ({e}); restore it or re-pack")
 
 
 def _check_pixels(sample: dict[str, Any], shape: np.ndarray | None, problem: Callable[[str], None]) -> int:

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -41,13 +40,7 @@ from fastfeed._util import check_on_error
 from fastfeed.errors import ConfigError, IndexMismatchError, ShardError
 from fastfeed.formats.wds import ScannedShard, scan_tar
 from fastfeed.packed.index import DatasetIndex, ShardInfo, join
-from fastfeed.packed.layout import (
-    INDEX_NAME,
-    LABELS_NAME,
-    LENGTHS_NAME,
-    OFFSETS_NAME,
-    RESUME_DIR,
-)
+from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SHAPES_NAME
 from fastfeed.storage.remote import (
     RetryPolicy,
     is_url,
@@ -240,23 +233,13 @@ def _load_remote_index(
         idx = DatasetIndex.from_json(json.loads(raw), root=root)
     except json.JSONDecodeError as e:
         raise IndexMismatchError(f"{join(root, INDEX_NAME)}: not valid JSON ({e}); re-run `fastfeed pack`") from None
-    arrays: dict[str, np.ndarray | None] = {}
-    for key, name, wanted in (("offsets", OFFSETS_NAME, True), ("labels", LABELS_NAME, idx.has_labels),
-                              ("lengths", LENGTHS_NAME, bool(idx.lengths_field))):
-        if not wanted:
-            arrays[key] = None
-            continue
+    names = [name for name in idx.to_json()["arrays"] if name != SHAPES_NAME]  # shapes: read when asked
+    files: dict[str, bytes] = {}
+    for name in names:
         try:
-            arr = np.load(io.BytesIO(fetch(name)), allow_pickle=False)
+            files[name] = fetch(name)
         except FileNotFoundError:
             raise IndexMismatchError(
                 f"{join(root, name)}: sidecar of {join(root, INDEX_NAME)} is missing; re-run `fastfeed pack`"
             ) from None
-        if arr.shape[0] != idx.num_samples:
-            raise IndexMismatchError(
-                f"{join(root, name)}: holds {arr.shape[0]} rows but the index says {idx.num_samples} "
-                "samples; re-run `fastfeed pack`"
-            )
-        arrays[key] = arr
-    return idx.with_arrays(offsets=arrays["offsets"], labels=arrays["labels"], lengths=arrays["lengths"])
-
+    return idx.with_sidecars(files)  # each checked: its recorded sha256, dtype, shape, rows

@@ -10,6 +10,15 @@ A packed dataset is a folder (or an object-store prefix) holding shards plus::
     lengths.npy     int64 (N,), optional: per-sample length (``pack --length``)
     shapes.npy      int32 (N, 2), with ``pack --store raw|mixed:P`` only: per sample the (height,
                     width) of its raw pixels (field ``rgb8``), (0, 0) for a sample stored as JPEG
+    checksums.npy   uint64 (N,): per sample, the checksum of the bytes its reader reads
+                    (:mod:`fastfeed.formats.checksum`)
+
+``index.json``'s ``checksums`` entry names the per-sample algorithm and the sha256 of every
+sidecar file: a sidecar is checked against it when it is opened, and the loader checks every
+sample against ``checksums.npy`` when it reads it. An index without the entry (written before
+it existed) loads as before, unchecked. Every sidecar is also checked on its own terms when it
+is opened (:mod:`fastfeed.packed.sidecars`: dtypes, shapes, labels within the classes, offsets
+in order and inside their shards).
 
 A dataset whose images are stored as pixels has a ``"store"`` entry in ``index.json`` and
 index version 2 (:data:`INDEX_VERSION`), so a fastfeed that predates raw pixels refuses it with
@@ -34,7 +43,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -44,7 +52,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fastfeed.errors import IndexMismatchError, IndexVersionError
-from fastfeed.packed.layout import INDEX_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME, SHAPES_NAME
+from fastfeed.packed.layout import (
+    CHECKSUMS_NAME,
+    INDEX_NAME,
+    LABELS_NAME,
+    LENGTHS_NAME,
+    OFFSETS_NAME,
+    SHAPES_NAME,
+)
+from fastfeed.packed.sidecars import Layout, check_hash, check_sidecar, load_npy, npy_bytes, sha256_hex
 from fastfeed.storage.remote import exists, is_url, read_bytes
 
 __all__ = [
@@ -129,6 +145,9 @@ class DatasetIndex:
     #: ``pack --store raw|mixed:P``: ``{"mode": "raw"|"mixed", "share", "field", "raw_samples",
     #: "raw_bytes", "encoded_bytes"}`` (see :mod:`fastfeed.packing.content.pixels`); None: encoded images only.
     store: Mapping[str, Any] | None = None
+    #: ``{"algorithm", "samples": "checksums.npy", "sidecars": {file name: sha256}}``: how each sample's
+    #: bytes are checked on read and every sidecar's hash; None for an index written before checksums.
+    checksums: Mapping[str, Any] | None = None
     has_labels: bool = False
     version: int = JPEG_INDEX_VERSION
     fastfeed_version: str = ""
@@ -173,6 +192,12 @@ class DatasetIndex:
         None when the dataset stores no pixels (``pack --store jpeg``)."""
         return self._array(SHAPES_NAME) if self.store is not None else None
 
+    @property
+    def sample_checksums(self) -> np.ndarray | None:
+        """uint64 (N,) checksum of each sample's bytes (algorithm: ``checksums["algorithm"]``), or
+        None for an index written before checksums."""
+        return self._array(CHECKSUMS_NAME) if self.checksums is not None else None
+
     def locate(self, i: int) -> tuple[int, int, int]:
         """Return (shard number, offset, size) of global sample ``i``."""
         if not 0 <= i < self.num_samples:
@@ -202,8 +227,15 @@ class DatasetIndex:
         labels: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
         shapes: np.ndarray | None = None,
+        checksums: np.ndarray | None = None,
+        algorithm: str | None = None,
     ) -> "DatasetIndex":
-        """Return a copy holding the given sidecar arrays (for :meth:`save`)."""
+        """Return a copy holding the given sidecar arrays (for :meth:`save`).
+
+        With ``checksums`` (per sample, of ``algorithm``: what ``pack`` writes) the copy's
+        :attr:`checksums` entry also records the sha256 of every sidecar file :meth:`save`
+        writes; without, it has none (an index as written before checksums).
+        """
         arrays = {OFFSETS_NAME: np.asarray(offsets, dtype=np.int64).reshape(-1, 2)}
         if shapes is not None:
             arrays[SHAPES_NAME] = np.asarray(shapes, dtype=np.int32).reshape(-1, 2)
@@ -211,7 +243,26 @@ class DatasetIndex:
             arrays[LABELS_NAME] = np.asarray(labels, dtype=np.int64)
         if lengths is not None:
             arrays[LENGTHS_NAME] = np.asarray(lengths, dtype=np.int64)
-        return replace(self, _arrays=arrays, has_labels=labels is not None)
+        entry = None
+        if checksums is not None:
+            if algorithm is None:
+                raise ValueError("with_arrays(checksums=...) needs the algorithm that made them")
+            arrays[CHECKSUMS_NAME] = np.asarray(checksums, dtype=np.uint64).reshape(-1)
+            entry = {"algorithm": algorithm, "samples": CHECKSUMS_NAME,
+                     "sidecars": {name: sha256_hex(npy_bytes(arr)) for name, arr in sorted(arrays.items())}}
+        return replace(self, _arrays=arrays, has_labels=labels is not None, checksums=entry)
+
+    def with_sidecars(self, files: Mapping[str, bytes]) -> "DatasetIndex":
+        """Return a copy holding the sidecars read from ``files`` (file name -> the file's bytes),
+        each checked as when it is opened (its recorded sha256, dtype, shape, rows).
+
+        Raises:
+            IndexMismatchError: a sidecar that does not match the index.
+        """
+        out = replace(self, _arrays={})
+        for name, data in files.items():
+            out._arrays[name] = out._checked(join(self.root, name), *load_npy(join(self.root, name), data))
+        return out
 
     def _array(self, name: str) -> np.ndarray:
         arr = self._arrays.get(name)
@@ -219,22 +270,29 @@ class DatasetIndex:
             path = join(self.root, name)
             try:
                 if is_url(path):
-                    arr = np.load(io.BytesIO(read_bytes(path, storage_options=self.storage_options)),
-                                  allow_pickle=False)
+                    loaded = load_npy(path, read_bytes(path, storage_options=self.storage_options))
                 else:
-                    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+                    loaded = load_npy(path, mmap=True)
             except FileNotFoundError:
                 raise IndexMismatchError(
                     f"{path}: sidecar of {join(self.root, INDEX_NAME)} is missing; "
                     "re-run `fastfeed pack` to rebuild the dataset"
                 ) from None
-            if arr.shape[0] != self.num_samples:
-                raise IndexMismatchError(
-                    f"{path}: holds {arr.shape[0]} rows but the index says "
-                    f"{self.num_samples} samples; re-run `fastfeed pack`"
-                )
-            self._arrays[name] = arr
+            arr = self._arrays[name] = self._checked(path, *loaded)
         return arr
+
+    def _checked(self, path: str, arr: np.ndarray, sha: str) -> np.ndarray:
+        """A sidecar just read, checked against the sha256 the index recorded and on its own terms."""
+        if self.checksums is not None:
+            check_hash(path, sha, dict(self.checksums.get("sidecars") or {}).get(os.path.basename(path)), INDEX_NAME)
+        check_sidecar(path, arr, self.layout)
+        return arr
+
+    @property
+    def layout(self) -> Layout:
+        """What a sidecar is checked against (:class:`~fastfeed.packed.sidecars.Layout`)."""
+        return Layout(self.num_samples, self.format, [s.samples for s in self.shards], [s.bytes for s in self.shards],
+                      self.classes, [s.name for s in self.shards])
 
     # ------------------------------------------------------------------ I/O
     def to_json(self) -> dict[str, Any]:
@@ -255,6 +313,7 @@ class DatasetIndex:
             "shards": [s.to_json() for s in self.shards],
             **({"tokenizer": dict(self.tokenizer)} if self.tokenizer is not None else {}),
             **({"store": dict(self.store)} if self.store is not None else {}),
+            **({"checksums": _plain(self.checksums)} if self.checksums is not None else {}),
         }
 
     def _array_names(self) -> list[str]:
@@ -265,6 +324,8 @@ class DatasetIndex:
             names.append(LENGTHS_NAME)
         if self.store is not None:
             names.append(SHAPES_NAME)
+        if self.checksums is not None:
+            names.append(CHECKSUMS_NAME)
         return sorted(names)
 
     def save(self, root: str | os.PathLike[str]) -> Path:
@@ -274,9 +335,7 @@ class DatasetIndex:
         """
         root = Path(root)
         for name, arr in sorted(self._arrays.items()):
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-            atomic_write_bytes(root / name, buf.getvalue())
+            atomic_write_bytes(root / name, npy_bytes(arr))  # the bytes with_arrays hashed
         text = json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
         out = root / INDEX_NAME
         atomic_write_bytes(out, text.encode("utf-8"))
@@ -312,6 +371,7 @@ class DatasetIndex:
             lengths_field=d.get("lengths_field"),
             tokenizer=None if d.get("tokenizer") is None else dict(d["tokenizer"]),
             store=None if store is None else dict(store),
+            checksums=_checksums_entry(d.get("checksums"), where),
             has_labels=bool(d.get("has_labels", False)),
             version=int(version),
             fastfeed_version=str(d.get("fastfeed_version", "")),
@@ -358,6 +418,23 @@ class DatasetIndex:
         if is_url(root):
             return exists(join(str(root), INDEX_NAME), storage_options=storage_options)
         return (Path(root) / INDEX_NAME).is_file()
+
+
+def _plain(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``checksums`` entry as JSON-ready dicts."""
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in entry.items()}
+
+
+def _checksums_entry(entry: Any, where: str) -> dict[str, Any] | None:
+    """The ``checksums`` entry of ``index.json`` (None: an index written before checksums), checked for shape."""
+    if entry is None:
+        return None
+    if (not isinstance(entry, Mapping) or not isinstance(entry.get("algorithm"), str)
+            or not isinstance(entry.get("sidecars"), Mapping)):
+        raise IndexMismatchError(f"{where}: its \"checksums\" entry is not {{\"algorithm\", \"samples\", "
+                                 "\"sidecars\"}}; the index is damaged, re-run `fastfeed pack`")
+    return {"algorithm": entry["algorithm"], "samples": str(entry.get("samples", CHECKSUMS_NAME)),
+            "sidecars": {str(k): str(v) for k, v in entry["sidecars"].items()}}
 
 
 def join(root: str, name: str) -> str:

@@ -6,6 +6,7 @@ removes exactly the files :data:`OWN_FILE` matches (nothing else in DST)::
     shard-000000.tar         shards (``.tar`` or ``.lmdb``), numbered from 0, 6+ digits
     shard-000000.idx         DALI's index of each tar shard
     offsets.npy              sidecar arrays of the index (see fastfeed.packed.index)
+    checksums.npy            per-sample checksums (see fastfeed.formats.checksum)
     labels.npy, lengths.npy  optional sidecars
     shapes.npy               per-sample (height, width) of raw pixels (``pack --store raw|mixed:P``)
     skipped.txt              the inputs ``pack`` left out, one per line
@@ -24,6 +25,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "CHECKSUMS_NAME",
     "INDEX_NAME",
     "JOB_RECORD",
     "LABELS_NAME",
@@ -44,7 +46,8 @@ OFFSETS_NAME = "offsets.npy"
 LABELS_NAME = "labels.npy"
 LENGTHS_NAME = "lengths.npy"
 SHAPES_NAME = "shapes.npy"
-SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME)
+CHECKSUMS_NAME = "checksums.npy"
+SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME, CHECKSUMS_NAME)
 SKIPPED_NAME = "skipped.txt"
 #: Folder of an unfinished ``pack``'s resume records; removed when the index is written.
 RESUME_DIR = ".fastfeed-pack"
@@ -53,7 +56,7 @@ JOB_RECORD = f"{RESUME_DIR}/job.json"
 #: Files fastfeed writes into DST (``--overwrite`` removes these and nothing else).
 OWN_FILE = re.compile(
     r"^(shard-\d{6,}\.(tar|lmdb|idx)(\.\d+\.tmp)?|index\.json|offsets\.npy|labels\.npy|"
-    r"lengths\.npy|shapes\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
+    r"lengths\.npy|shapes\.npy|checksums\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
 )
 
 

@@ -11,6 +11,14 @@ error when it is opened. A sample holding raw pixels (field ``rgb8``, ``pack --s
 gets its ``(height, width)`` from ``shapes.npy`` as its ``"__shape__"`` entry, when it is
 read by its global number.
 
+Integrity (on by default, ``verify=``): every shard reader gets the index's checksums of its
+samples (:func:`sample_sums`), so each sample read is checked against the checksum ``pack``
+recorded (:class:`~fastfeed.formats.checksum.ShardSums`: a mismatch is a
+:class:`~fastfeed.errors.SampleError` naming shard, key and both values); an index written
+before checksums loads unchecked, and the process says so once, in one log line. Shard readers
+also know each shard's size, so a shard truncated while it is read is a
+:class:`~fastfeed.errors.ShardError` naming it (never a SIGBUS from a memory map).
+
 Example:
     >>> reader = DatasetReader(resolve_index("/data/imagenet-ff"))  # doctest: +SKIP
     >>> reader.read(0)["__key__"]                                    # doctest: +SKIP
@@ -33,6 +41,7 @@ from fastfeed.errors import (
     SampleError,
     ShardError,
 )
+from fastfeed.formats.checksum import ShardSums
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar_reader import FastTarReader
@@ -41,7 +50,7 @@ from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.layout import INDEX_NAME
 from fastfeed.storage.remote import is_gzip_tar, is_url, local_path, open_shard
 
-__all__ = ["DatasetReader", "check_shards", "resolve_index", "sample_error"]
+__all__ = ["DatasetReader", "SampleSums", "check_shards", "resolve_index", "sample_error", "sample_sums"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +113,57 @@ def check_shards(index: DatasetIndex) -> None:
             )
 
 
+#: Dataset roots this process has said "no checksums" of (once each).
+_UNCHECKED: set[str] = set()
+
+
+class SampleSums:
+    """What the read path checks a dataset's samples against: the index's per-sample checksums.
+
+    Raw-pixel samples (``pack --store raw|mixed:P``) are left out: a crop reads only its rows of
+    them, and checking all ~0.5 MB would cost more than the crop (``docs/format.md``).
+
+    Args:
+        index: a dataset index with checksums (``index.checksums``).
+    """
+
+    def __init__(self, index: DatasetIndex) -> None:
+        entry = index.checksums or {}
+        self.algorithm = str(entry.get("algorithm"))
+        self.sums = index.sample_checksums
+        shapes = index.shapes
+        self.raw = None if shapes is None else np.asarray(shapes[:, 0]) > 0
+        self.index = index
+
+    def shard(self, s: int) -> ShardSums:
+        """The checksums of shard ``s``'s samples, as its reader looks them up."""
+        starts = self.index.shard_starts
+        a, b = int(starts[s]), int(starts[s + 1])
+        offsets = None if self.index.format == "lmdb" else self.index.offsets[a:b, 0]
+        return ShardSums(self.algorithm, self.sums[a:b], offsets, None if self.raw is None else self.raw[a:b])
+
+
+def sample_sums(index: DatasetIndex, verify: bool = True) -> SampleSums | None:
+    """The checksums the read path checks ``index``'s samples against; None when ``verify`` is off,
+    or for an index without them (written before checksums: said once per dataset and process, in
+    one log line; WebDataset tars without a fastfeed index have none to say).
+
+    Example:
+        >>> sample_sums(DatasetIndex.load("/data/imagenet-ff")).algorithm   # doctest: +SKIP
+        'xxh3_64'
+    """
+    if not verify:
+        return None
+    if index.checksums is None:
+        root = index.root or "<dataset>"
+        if not index.options.get("scanned") and root not in _UNCHECKED:
+            _UNCHECKED.add(root)
+            log.warning("%s: no checksums: re-pack to verify on read (the index predates them; samples are "
+                        "read unchecked)", root)
+        return None
+    return SampleSums(index)
+
+
 class DatasetReader:
     """Reads samples of an index by global number; opens shards lazily, per process.
 
@@ -113,12 +173,15 @@ class DatasetReader:
         cache_size: bound of that cache.
         storage_options: fsspec options for remote shards.
         max_open: shards kept open per process (least recently used are closed).
+        verify: check every sample read against the checksum ``pack`` recorded (see the module doc).
     """
 
     def __init__(self, index: DatasetIndex, *, cache_dir: str | os.PathLike[str] | None = None,
                  cache_size: str | int = "50GB", storage_options: Mapping[str, Any] | None = None,
-                 max_open: int = _MAX_OPEN_FILES) -> None:
+                 max_open: int = _MAX_OPEN_FILES, verify: bool = True) -> None:
         self.index = index
+        self.verify = bool(verify)
+        self._sums = sample_sums(index, self.verify)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.cache_size = cache_size
         self.storage_options = storage_options
@@ -161,9 +224,10 @@ class DatasetReader:
     def _open(self, s: int) -> Any:
         info = self.index.shards[s]
         url = self.shard_name(s)
+        sums = self._sums.shard(s) if self._sums is not None else None
         if self.index.format == "lmdb":
             path = self._local_copy(url, info.bytes, info.sha256)
-            r = LmdbShardReader(path, name=url)
+            r = LmdbShardReader(path, name=url, sums=sums)
             entries = len(r)
             if entries != info.samples:
                 r.close()
@@ -184,7 +248,8 @@ class DatasetReader:
                 )
         # raw pixels: the crop's rows only, through a memory map or read into a reused buffer
         raw = self.index.store is not None
-        return FastTarReader(src, name=url, use_mmap=raw, raw_rows=raw and self.raw_reads() == "rows")
+        return FastTarReader(src, name=url, use_mmap=raw, raw_rows=raw and self.raw_reads() == "rows",
+                             size=None if is_gzip_tar(url) else info.bytes, sums=sums)
 
     def raw_reads(self) -> str:
         """How this process reads raw pixels (``pack --store raw``): ``"map"`` or ``"rows"``.

@@ -1,7 +1,7 @@
 """Step 3 of packing: :func:`finalize` writes the index of the shards that were written.
 
-The sidecars (``offsets.npy``, ``labels.npy``, ``lengths.npy``, ``shapes.npy`` with ``--store raw``),
-``skipped.txt`` and, last
+The sidecars (``offsets.npy``, ``labels.npy``, ``lengths.npy``, ``shapes.npy`` with ``--store raw``,
+``checksums.npy``: every sample's checksum), ``skipped.txt`` and, last
 and atomically, ``index.json``: the dataset is complete iff ``index.json`` exists. Then the
 resume records and the files of older plans are removed.
 
@@ -78,6 +78,7 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
     lengths = None
     if plan.lengths_field:
         lengths = np.array([x for r in keep for x in (r.lengths or [])], dtype=np.int64)
+    algorithm, checksums = _checksums(plan, keep)
     mode, share = plan.options.store_mode
     shapes = store = None
     if mode != "jpeg":
@@ -97,12 +98,34 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         store=store,
         version=INDEX_VERSION if store is not None else JPEG_INDEX_VERSION,
         fastfeed_version=__version__,
-    ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes)
+    ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes, checksums=checksums,
+                  algorithm=algorithm)
     index.save(dst)
     own = [r.name for r in keep] + [r.dali_index for r in keep if r.dali_index]
     cleanup(plan, keep=own + index.to_json()["arrays"] + ([SKIPPED_NAME] if skipped else []))
     log.info("%s: %d samples in %d shard(s), %d skipped", show(plan.dst), num, len(keep), len(skipped))
     return replace(index, root=plan.dst)
+
+
+def _checksums(plan: PackPlan, keep: Sequence[ShardResult]) -> tuple[str, np.ndarray]:
+    """The one checksum algorithm of the shards, and every sample's checksum in index order.
+
+    Raises:
+        IndexMismatchError: shards checksummed by different algorithms (writers where ``xxhash``
+            is installed and writers where it is not), or a result without its checksums.
+    """
+    algorithms = sorted({r.checksum for r in keep})
+    if len(algorithms) != 1 or not algorithms[0]:
+        by = ", ".join(f"{a or 'none'}: {next(r.name for r in keep if r.checksum == a)}" for a in algorithms)
+        raise IndexMismatchError(
+            f"{show(plan.dst)}: the shards' checksums were made by different algorithms ({by}): every machine "
+            "that writes shards needs the same packages (pip install xxhash everywhere, for xxh3_64); run the "
+            "same `fastfeed pack` again to rewrite the others")
+    for r in keep:
+        if len(r.checksums) != r.samples:
+            raise IndexMismatchError(f"{show(plan.dst)}: shard {r.name} has {len(r.checksums)} checksums for "
+                                     f"{r.samples} samples; run the same `fastfeed pack` again to rewrite it")
+    return algorithms[0], np.array([c for r in keep for c in r.checksums], dtype=np.uint64)
 
 
 def _counts_match(plan: PackPlan, planned: int, r: ShardResult) -> bool:

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from fastfeed.decode import roi
 from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
+from fastfeed.formats.checksum import pack_algorithm
 from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
@@ -75,6 +76,8 @@ class ShardResult:
         raw_bytes, encoded_bytes: bytes of the pixels written, and of the image files they
             were decoded from.
         files_read, bytes_read: source files and bytes read.
+        checksum, checksums: the algorithm (:mod:`fastfeed.formats.checksum`) and, per written
+            sample, the checksum of the bytes its reader reads (``index.json``'s ``checksums``).
         reused: True when an earlier run's complete shard was kept.
     """
 
@@ -96,6 +99,8 @@ class ShardResult:
     shapes: list[tuple[int, int]] = field(default_factory=list)
     raw_bytes: int = 0
     encoded_bytes: int = 0
+    checksum: str = ""
+    checksums: list[int] = field(default_factory=list)
     reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -113,7 +118,9 @@ class ShardResult:
 def shard_fingerprint(plan: PackPlan, shard: ShardPlan) -> str:
     """Identity of a shard's inputs: the job, the source's identity (a manifest's checksum, the
     table files' metadata), and the shard's units with their sizes and mtimes."""
-    h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.source.identity}".encode())
+    # the checksum algorithm too: a record of another (or of none: written before checksums) is not reused
+    h = hashlib.sha256(f"{plan.job}|{shard.number}|{shard.name}|{plan.source.identity}|"
+                       f"checksum:{pack_algorithm()}".encode())
     for unit in shard.units:
         h.update(repr(unit).encode("utf-8", "surrogateescape"))
     if shard.raw:
@@ -130,7 +137,7 @@ def _reusable(plan: PackPlan, shard: ShardPlan, fingerprint: str) -> ShardResult
         rec = ShardResult.from_json(json.loads(_record_path(plan, shard).read_text("utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if rec.fingerprint != fingerprint or rec.name != shard.name:
+    if rec.fingerprint != fingerprint or rec.name != shard.name or len(rec.checksums) != rec.samples:
         return None
     dst = Path(plan.dst)
     if not _file_matches(dst / shard.name, rec.bytes, rec.sha256):
@@ -205,8 +212,10 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
     dst = Path(plan.dst)
     fmt = plan.options.format
     fileobj = open(tmp, "wb", buffering=1 << 20) if fmt == "tar" else None
+    algorithm = pack_algorithm()
     try:
-        writer = TarShardWriter(tmp, fileobj=fileobj) if fileobj is not None else FORMATS[fmt][0](tmp)
+        writer = (TarShardWriter(tmp, fileobj=fileobj, checksum=algorithm) if fileobj is not None
+                  else FORMATS[fmt][0](tmp, checksum=algorithm))
         offsets: list[tuple[int, int]] = []
         labels: list[int] = []
         lengths: list[int] | None = [] if plan.lengths_field else None
@@ -269,4 +278,5 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         offsets=offsets, labels=labels, lengths=lengths, skipped=skipped, fields=sorted(fields),
         dali_index=dali_name, dali_sha256=dali_sha, fingerprint=fingerprint, files_read=files,
         bytes_read=nbytes, shapes=shapes, raw_bytes=raw_bytes, encoded_bytes=encoded_bytes,
+        checksum=algorithm, checksums=list(writer.checksums),
     )
