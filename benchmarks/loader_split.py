@@ -38,7 +38,6 @@ from benchmarks.lib.data import pack_once, photo_folder  # noqa: E402
 from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
 from benchmarks.lib.measure import measure  # noqa: E402
 from benchmarks.lib.peers import samples_per_shard  # noqa: E402
-from benchmarks.lib.report import Column, print_table  # noqa: E402
 from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 
@@ -132,11 +131,12 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
     args = ctx.args
     print(f"\n== loader_split: {ctx.data['dataset'].name}, {args.workers} workers, batch {args.batch_size}, "
           f"{args.epochs} epochs after {args.warmup_epochs}")
-    print_table([r for _, r in rows], [
-        Column("reads", "reads"), Column("img/s", "img_per_s", ",.0f"), Column("main us/img", "main_us", ".1f"),
-        Column("(sys)", "main_sys_us", ".1f"), Column("workers us/img", "workers_us", ".1f"),
-        Column("(sys)", "workers_sys_us", ".1f"), Column("img/CPU-s", "img_per_cpu_s", ",.0f"),
-        Column("faults/img", "faults_per_img", ".2f")])
+    print(f"{'reads':<6}{'img/s':>10}{'main us/img (sys)':>19}{'workers us/img (sys)':>22}{'img/CPU-s':>11}"
+          f"{'faults/img':>11}")
+    for _, r in rows:
+        print(f"{r['reads']:<6}{r['img_per_s']:>10,.0f}{r['main_us']:>12.1f} ({r['main_sys_us']:4.1f})"
+              f"{r['workers_us']:>15.1f} ({r['workers_sys_us']:4.1f}){r['img_per_cpu_s']:>11,.0f}"
+              f"{r['faults_per_img']:>11.2f}")
     med = {reads: statistics.median(r["img_per_cpu_s"] for _, r in rows if r["reads"] == reads)
            for reads in dict.fromkeys(r["reads"] for _, r in rows)}
     if "map" in med and "rows" in med:

@@ -3,8 +3,9 @@
 One benchmark: ``benchmarks/run.py NAME [--grid AXIS=V1,V2 ...] [--repeat N] [--quick] [--json
 PATH] [its options]`` (``python benchmarks/NAME.py ...`` is the same). It walks the benchmark's
 grid (:mod:`benchmarks.lib.suite`), prints its table and the ratios against the peer measured
-in the same run, prints the figures as one ``RESULT {json}`` line and writes them to ``--json``
-(default ``bench-data/results/NAME.json``). ``NAME --help`` lists its grid and options.
+in the same run, writes the figures to ``--json`` (default ``bench-data/results/NAME.json``) and
+prints them as one ``RESULT {json}`` line (``RESULT-FILE PATH`` when that line would be long).
+``NAME --help`` lists its grid and options.
 
 All of them: ``benchmarks/run.py [--quick] [--only A,B] [--skip C]`` starts each benchmark with
 the same Python (the bench venv under ``make bench``), one after the other, streams its output,
@@ -41,6 +42,8 @@ from benchmarks.lib.measure import Stopwatch  # noqa: E402
 from benchmarks.lib.report import environment, log, write_json  # noqa: E402
 from benchmarks.lib.suite import REPEAT, Benchmark, Context, Point, missing_need  # noqa: E402
 
+#: the longest RESULT line printed; a longer result is only written to its file (RESULT-FILE PATH)
+RESULT_LINE = 4000
 # run first (cheap, or producing data the others reuse); the rest follow alphabetically
 ORDER = ("pack", "loader_cpu", "loader_memory", "loader_s3", "decode_per_core", "tune")
 
@@ -189,11 +192,15 @@ def run_benchmark(bench: Benchmark, argv: Sequence[str]) -> int:
         reports = _walk(bench, argv, ctx)
     rc = max([int(r.pop("exit_code", 0)) for r in reports if r] or [0])
     reports = [r for r in reports if r]  # a rank other than 0, a command that only prints
-    for r in reports:
-        print("RESULT " + json.dumps(r, sort_keys=True, default=str), flush=True)
-    if reports:
-        write_json(args.json or BENCH_DATA / "results" / f"{bench.name}.json",
-                   reports[0] if len(reports) == 1 else reports)
+    if not reports:
+        return rc
+    path = args.json or BENCH_DATA / "results" / f"{bench.name}.json"
+    write_json(path, reports[0] if len(reports) == 1 else reports)
+    lines = [json.dumps(r, sort_keys=True, default=str) for r in reports]
+    if max(map(len, lines)) > RESULT_LINE:  # it would push the table out of a log's tail (a GPU run's answer)
+        print(f"RESULT-FILE {path}", flush=True)
+    for line in lines if max(map(len, lines)) <= RESULT_LINE else ():
+        print(f"RESULT {line}", flush=True)
     return rc
 
 
@@ -225,9 +232,11 @@ def run_all(argv: Sequence[str]) -> int:
             for line in proc.stdout or ():
                 sys.stdout.write(line)
                 out.write(line)
-                if line.startswith("RESULT "):
+                if line.startswith(("RESULT ", "RESULT-FILE ")):
                     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-                    results.write(json.dumps({"benchmark": name, "at": stamp, "result": json.loads(line[7:])}) + "\n")
+                    kind, _, rest = line.partition(" ")
+                    got = json.loads(rest) if kind == "RESULT" else json.loads(Path(rest.strip()).read_text())
+                    results.write(json.dumps({"benchmark": name, "at": stamp, "result": got}) + "\n")
             rc = proc.wait()
         summary.append((name, rc, took.wall))
     print("\n######## summary")

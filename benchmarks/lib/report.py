@@ -1,4 +1,4 @@
-"""What the benchmarks print: results, ratios against the peer measured in the same run, tables, JSON.
+"""What the benchmarks print: results, ratios against the peer measured in the same run, JSON.
 
 Every loader benchmark reports two metrics per loader: wall-clock samples/s (what the goals are
 about) and samples per CPU-second of the loader's processes (steady when other jobs share the
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from fastfeed.timing.measure import Measurement
 
-__all__ = ["Column", "Result", "environment", "fmt_rate", "log", "measured_line", "print_report", "print_table",
-           "ratio_line", "results_of", "write_json"]
+__all__ = ["Result", "environment", "fmt_rate", "log", "measured_line", "print_report", "ratio_line", "results_of",
+           "write_json"]
 
 #: the modules whose versions :func:`environment` records (absent ones as None)
 VERSIONS = ("torch", "torchvision", "numpy", "PIL", "webdataset", "ffcv", "simplejpeg", "cv2")
@@ -69,46 +69,15 @@ def fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
-# ---------------------------------------------------------------------- tables
-@dataclass(frozen=True)
-class Column:
-    """One column of :func:`print_table`: a header, how to get the value from a row, a format."""
-
-    header: str
-    value: Callable[[Mapping[str, Any]], Any] | str
-    fmt: str = ""
-    width: int = 0
-
-    def cell(self, row: Mapping[str, Any]) -> str:
-        v = self.value(row) if callable(self.value) else row.get(self.value)
-        if v is None:
-            return "-"
-        return format(v, self.fmt) if self.fmt else str(v)
-
-
-def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> None:
-    """Rows as a text table: the first column left-aligned, the others right-aligned."""
-    cells = [[c.cell(r) for c in columns] for r in rows]
-    widths = [max([c.width, len(c.header) + 1, *(len(row[i]) + 1 for row in cells)]) for i, c in enumerate(columns)]
-    first = widths[0]
-    print(f"{columns[0].header:<{first}}" + "".join(f"{c.header:>{w}}" for c, w in zip(columns[1:], widths[1:])))
-    for row in cells:
-        print(f"{row[0]:<{first}}" + "".join(f"{v:>{w}}" for v, w in zip(row[1:], widths[1:])))
-
-
-def ratio_line(values: Mapping[str, float], subject: str, goals: Mapping[str, float] | None = None, *,
-               lower_is_better: bool = False) -> str:
-    """``peer ratio [goal]`` for every peer of ``subject`` in ``values`` (subject / peer).
-
-    With ``lower_is_better`` (a time, a byte count) the ratio is peer / subject, so above 1 is
-    still the subject's advantage.
-    """
+# ---------------------------------------------------------------------- ratios
+def ratio_line(values: Mapping[str, float], subject: str, goals: Mapping[str, float] | None = None) -> str:
+    """``peer ratio [goal]`` for every peer of ``subject`` in ``values`` (subject / peer)."""
     mine = values.get(subject)
     parts = []
     for name, theirs in values.items():
         if name == subject or not mine or not theirs:
             continue
-        ratio = theirs / mine if lower_is_better else mine / theirs
+        ratio = mine / theirs
         goal = (goals or {}).get(name)
         mark = "" if goal is None else f" [>= {goal:g}: {'met' if ratio >= goal else 'MISSED'}]"
         parts.append(f"{name} {ratio:.2f}x{mark}")

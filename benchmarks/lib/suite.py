@@ -75,6 +75,8 @@ class Axis:
     def pick(self, text: str) -> tuple[Any, ...]:
         """The values of a comma list, checked against :attr:`choices`."""
         allowed = self.choices if self.choices is not None else self.values
+        if text in allowed:  # one value with a comma in its name ("lognormal(5,1)[16,1024]")
+            return (text,)
         picked = tuple(x for v in text.split(",") if v for x in self.aliases.get(v, (self.parse(v),)))
         unknown = [v for v in picked if v not in allowed]
         if unknown:
