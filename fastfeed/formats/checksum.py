@@ -37,7 +37,7 @@ import numpy as np
 
 from fastfeed.errors import ConfigError, MissingDependencyError, SampleError
 
-__all__ = ["ALGORITHMS", "Hasher", "ShardSums", "digest", "hasher", "mismatch", "pack_algorithm"]
+__all__ = ["ALGORITHMS", "Hasher", "ShardSums", "digest", "hasher", "mismatch", "mismatch_reason", "pack_algorithm"]
 
 #: The algorithms a reader knows, fastest first.
 ALGORITHMS = ("xxh3_64", "crc32")
@@ -134,10 +134,14 @@ def mismatch(shard: str, unit: str, offset: int, key: str, algorithm: str, got: 
         the shard or re-run `fastfeed pack`
     """
     what = f"sample '{key}'" if key else "a sample"
-    return SampleError(
-        f"{shard}: {what} at {unit} {offset}: its bytes' {algorithm} checksum is {got:016x}, the index recorded "
-        f"{want:016x}; the shard was damaged after packing (or offsets.npy points at other bytes): restore the "
-        "shard or re-run `fastfeed pack`", shard=shard, key=key, offset=offset)
+    return SampleError(f"{shard}: {what} at {unit} {offset}: {mismatch_reason(algorithm, got, want)}",
+                       shard=shard, key=key, offset=offset)
+
+
+def mismatch_reason(algorithm: str, got: int, want: int) -> str:
+    """What :func:`mismatch` says after naming the sample: both checksums, the likely cause, the fix."""
+    return (f"its bytes' {algorithm} checksum is {got:016x}, the index recorded {want:016x}; the shard was damaged "
+            "after packing (or offsets.npy points at other bytes): restore the shard or re-run `fastfeed pack`")
 
 
 class ShardSums:
@@ -159,7 +163,7 @@ class ShardSums:
         >>> sums.check(b"abd", 0, "s.tar", lambda: "k0")
         Traceback (most recent call last):
         ...
-        fastfeed.errors.SampleError: s.tar: sample 'k0' at offset 0: its bytes' crc32 checksum is 00000000c9fb2f46, the index recorded 00000000352441c2; the shard was damaged after packing (or offsets.npy points at other bytes): restore the shard or re-run `fastfeed pack`
+        fastfeed.errors.SampleError: s.tar: sample 'k0' at offset 0: its bytes' crc32 checksum is 00000000ab40d461, the index recorded 00000000352441c2; the shard was damaged after packing (or offsets.npy points at other bytes): restore the shard or re-run `fastfeed pack`
     """
 
     __slots__ = ("algorithm", "digest", "_sums", "_offsets", "_skip", "_keep")

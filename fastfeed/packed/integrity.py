@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from fastfeed.errors import FastfeedError, IndexMismatchError
+from fastfeed.errors import FastfeedError, IndexMismatchError, SampleError
 from fastfeed.formats.checksum import digest
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.tar_reader import parse_sample
@@ -76,7 +76,7 @@ def verify_sidecars(idx: DatasetIndex) -> tuple[dict[str, np.ndarray], list[str]
             continue  # a float or object array, the wrong shape: nothing to check the shards against
         try:
             check_content(where, arr, layout)
-        except IndexMismatchError as e:
+        except (IndexMismatchError, SampleError) as e:
             problems.append(str(e))
         arrays[name] = arr
     return arrays, problems

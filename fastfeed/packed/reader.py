@@ -41,7 +41,7 @@ from fastfeed.errors import (
     SampleError,
     ShardError,
 )
-from fastfeed.formats.checksum import ShardSums
+from fastfeed.formats.checksum import ShardSums, digest
 from fastfeed.formats.lmdb import LmdbShardReader
 from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar_reader import FastTarReader
@@ -130,10 +130,17 @@ class SampleSums:
     def __init__(self, index: DatasetIndex) -> None:
         entry = index.checksums or {}
         self.algorithm = str(entry.get("algorithm"))
+        self.digest = digest(self.algorithm)
         self.sums = index.sample_checksums
         shapes = index.shapes
         self.raw = None if shapes is None else np.asarray(shapes[:, 0]) > 0
         self.index = index
+
+    def expected(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The checksums of samples ``ids`` (uint64), and which of them are checked (bool: not raw pixels)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        checked = np.ones(len(ids), dtype=bool) if self.raw is None else ~self.raw[ids]
+        return np.asarray(self.sums[ids], dtype=np.uint64), checked
 
     def shard(self, s: int) -> ShardSums:
         """The checksums of shard ``s``'s samples, as its reader looks them up."""

@@ -8,7 +8,9 @@ sense on its own (:func:`check_sidecar`): integer dtypes and the right shape (a 
 offsets that point into their own shard, in file order, without two samples overlapping (a row
 swapped with another, or pointing at another sample, is caught there even in an index written
 before checksums existed). A problem is an :class:`~fastfeed.errors.IndexMismatchError` naming
-the file, what is wrong and the fix.
+the file, what is wrong and the fix; offsets that do not fit their shard are a
+:class:`~fastfeed.errors.SampleError` (a :class:`~fastfeed.errors.ShardError`) naming the shard
+too, as a read at such an offset always was.
 
 Example:
     >>> blob = npy_bytes(np.array([0, 2, 1]))
@@ -31,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fastfeed.errors import IndexMismatchError
+from fastfeed.errors import IndexMismatchError, SampleError
 from fastfeed.packed.layout import CHECKSUMS_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME, SHAPES_NAME
 
 __all__ = ["Layout", "check_content", "check_form", "check_hash", "check_sidecar", "file_sha256", "load_npy",
@@ -111,6 +113,7 @@ def check_sidecar(where: str, arr: np.ndarray, layout: Layout) -> None:
 
     Raises:
         IndexMismatchError: naming the file, the first bad row and the fix.
+        SampleError: offsets that do not fit their shard (:func:`check_content`).
     """
     check_form(where, arr, layout)
     check_content(where, arr, layout)
@@ -153,7 +156,8 @@ def check_content(where: str, arr: np.ndarray, layout: Layout) -> None:
     and inside their shards (other sidecars: nothing more to check).
 
     Raises:
-        IndexMismatchError: naming the first bad row.
+        IndexMismatchError: a label outside the classes (naming the first).
+        SampleError: offsets that do not fit their shard (naming the shard and the first bad row).
     """
     name = os.path.basename(where)
     if name == LABELS_NAME:
@@ -209,6 +213,8 @@ def _check_offsets(where: str, offsets: np.ndarray, layout: Layout) -> None:
     s = int(shard_of[i])
     shard = layout.shard_names[s] if s < len(layout.shard_names) else f"shard {s}"
     more = f" (and {rows.size - 1} more rows)" if rows.size > 1 else ""
-    raise IndexMismatchError(
+    # a SampleError (a ShardError) naming the shard: the index does not match this shard's samples
+    raise SampleError(
         f"{where}: row {i} ({shard}): " + why.format(o=int(off[i]), z=int(size[i]), w=int(want[i]))
-        + f"{more}: a row was swapped or points at another sample; {os.path.basename(where)} {_FIX}")
+        + f"{more}: a row was swapped or points at another sample, the index does not match this shard; "
+        f"{os.path.basename(where)} {_FIX}", shard=shard, offset=int(off[i]))

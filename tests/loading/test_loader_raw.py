@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import os
 from functools import partial
 from pathlib import Path
@@ -110,6 +112,11 @@ def test_wrong_size_raw_sample_is_an_error_or_a_counted_skip(packs: dict[str, Pa
     shapes = np.load(path / SHAPES_NAME)
     shapes[3] = shapes[3] + 1  # the index no longer matches sample 3's bytes
     np.save(path / SHAPES_NAME, shapes)
+    # an index that vouches for these shapes (else shapes.npy's sha256 in index.json stops the loader at once):
+    # the sample's own size check is what this tests
+    meta = json.loads((path / "index.json").read_text())
+    meta["checksums"]["sidecars"][SHAPES_NAME] = hashlib.sha256((path / SHAPES_NAME).read_bytes()).hexdigest()
+    (path / "index.json").write_text(json.dumps(meta))
     key = fastfeed.open_dataset(path).source.read(3)["__key__"]
     with pytest.raises(SampleError, match=rf"shard-\d+\.tar: sample '{key}' at offset \d+: raw pixels .* expected \d+"):
         _epoch(path, shuffle=False)

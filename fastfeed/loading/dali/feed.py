@@ -15,6 +15,15 @@ and the maps number the samples and shards of all datasets one dataset after the
 and the feeder turns each planned ``(dataset, id)`` into that global number, so the feed,
 the ``meta`` rows and the error messages work on one numbering.
 
+Integrity, as on the CPU path (``Storage(verify=True)``, the default): before a batch is fed,
+:meth:`ShardMaps.damaged` checks each sample's bytes in the map against the checksum ``pack``
+recorded (:func:`fastfeed.packed.reader.sample_sums`); a damaged one is a
+:class:`~fastfeed.errors.SampleError` naming shard and key, or with ``on_error="skip"`` left
+out and counted. Each shard's size is checked (one ``fstat``) every time the feed or the field
+reader uses its map, so a shard truncated under the loader is a
+:class:`~fastfeed.errors.ShardError`; DALI reads the fed views later, in its own threads, so a
+shard truncated between that check and DALI's read still faults (``docs/format.md``).
+
 Why not ``fn.readers.webdataset``: its order is a shuffle buffer seeded once per
 pipeline, its ``shard_id``/``num_shards`` split gives ranks unequal sample counts, and
 it cannot start mid-epoch. Feeding views of the same memory-mapped files keeps the
@@ -42,7 +51,10 @@ import numpy as np
 from fastfeed.loading.dali.table import SampleTable
 from fastfeed.decode.fields import decode_field, last_ext
 from fastfeed.errors import ConfigError, SampleError, ShardError
+from fastfeed.formats.checksum import mismatch, mismatch_reason
+from fastfeed.formats.span import OpenFile, check_size
 from fastfeed.packed.index import DatasetIndex
+from fastfeed.packed.reader import sample_sums
 from fastfeed.loading.order.rankplan import Batch, RankPlan
 from fastfeed.storage.remote import is_url, open_shard
 
@@ -79,8 +91,10 @@ class ShardMaps:
 
     def __init__(self, index: DatasetIndex | Sequence[DatasetIndex], *,
                  cache_dir: str | os.PathLike[str] | None, cache_size: str | int = "50GB",
-                 storage_options: Any = None, max_open: int = 256) -> None:
+                 storage_options: Any = None, max_open: int = 256, verify: bool = True) -> None:
         self.indexes: tuple[DatasetIndex, ...] = (index,) if isinstance(index, DatasetIndex) else tuple(index)
+        self._sums = [sample_sums(idx, verify) for idx in self.indexes]  # None: not checked
+        self._files: dict[int, tuple[OpenFile, int, str]] = {}  # per mapped shard: its file, size, path
         self.index = self.indexes[0]
         self.cache_dir = cache_dir
         self.cache_size = cache_size
@@ -108,16 +122,48 @@ class ShardMaps:
         return index.shard_path(local)
 
     def array(self, s: int) -> np.ndarray:
-        """The whole of shard ``s`` as a read-only uint8 array over its mapping."""
+        """The whole of shard ``s`` as a read-only uint8 array over its mapping.
+
+        Raises:
+            ShardError: the shard is shorter than the index says (truncated since it was mapped).
+        """
         arr = self._maps.get(s)
         if arr is not None:
             self._maps.move_to_end(s)
+            file, size, path = self._files[s]
+            check_size(file.fd, size, path)  # a page past the end of a file that shrank: SIGBUS
             return arr
         arr = self._open(s)
         self._maps[s] = arr
         while len(self._maps) > self.max_open:
-            self._maps.popitem(last=False)
+            old, _ = self._maps.popitem(last=False)
+            self._files.pop(old, None)
         return arr
+
+    def damaged(self, table: SampleTable, ids: np.ndarray) -> list[tuple[int, SampleError, str]]:
+        """The samples of ``ids`` (global numbers of ``table``) whose bytes do not have the checksum
+        ``pack`` recorded, as (position in ``ids``, the error naming shard and key, what differs);
+        empty when the datasets have no checksums or verification is off."""
+        if not any(self._sums) or not len(ids):
+            return []
+        out: list[tuple[int, SampleError, str]] = []
+        source, shards = table.source_of(ids), table.shard_of(ids).tolist()
+        starts = table.source_starts if table.source_starts is not None else np.zeros(1, dtype=np.int64)
+        for k in np.unique(source).tolist():
+            sums = self._sums[k]
+            if sums is None:
+                continue
+            pos = np.flatnonzero(source == k)
+            local = ids[pos] - starts[k]
+            want, checked = sums.expected(local)
+            spans = np.asarray(self.indexes[k].offsets[local]).tolist()
+            for j, (off, size), w, c in zip(pos.tolist(), spans, want.tolist(), checked.tolist()):
+                got = sums.digest(self.array(shards[j])[off:off + size]) if c else w
+                if got != w:
+                    path, key = self.shard_path(shards[j]), table.key(int(ids[j]))
+                    out.append((j, mismatch(path, "offset", off, key, sums.algorithm, got, w),
+                                f"its bytes at offset {off}: {mismatch_reason(sums.algorithm, got, w)}"))
+        return sorted(out, key=lambda e: e[0])
 
     def _open(self, s: int) -> np.ndarray:
         index, local = self._locate(s)
@@ -134,10 +180,11 @@ class ShardMaps:
                 f"{path}: {size} bytes but the index says {info.bytes}; the shard is truncated or "
                 "was replaced, restore it or re-run `fastfeed pack`"
             )
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        file = OpenFile.open(path)  # kept: every use of the map checks the file's size first
+        mm = mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ)
         if hasattr(mm, "madvise"):
             mm.madvise(mmap.MADV_RANDOM)  # samples are read in shuffled order
+        self._files[s] = (file, info.bytes, path)
         return np.frombuffer(mm, dtype=np.uint8)
 
     def view(self, s: int, offset: int, size: int) -> np.ndarray:
@@ -187,12 +234,18 @@ class BatchFeeder:
         placeholder: bytes of a tiny valid image for empty batches.
         pack: ``views -> what external_source is fed`` (:func:`tensor_batch`; the list
             of views itself by default).
+        on_error: a sample whose bytes fail their checksum (:meth:`ShardMaps.damaged`):
+            ``"raise"`` a SampleError, or ``"skip"`` it (excluded from then on, its reason in
+            :attr:`reasons`).
     """
 
     def __init__(self, table: SampleTable, maps: ShardMaps,
                  labels: Callable[[np.ndarray], np.ndarray] | None,
                  plan: Callable[[int], RankPlan], placeholder: bytes,
-                 pack: Callable[[list[memoryview]], Any] = list) -> None:
+                 pack: Callable[[list[memoryview]], Any] = list, on_error: str = "raise") -> None:
+        self.on_error = on_error
+        #: why samples were left out by the feed (sample number -> message), with on_error="skip"
+        self.reasons: dict[int, str] = {}
         self.table = table
         self.maps = maps
         self.labels = labels
@@ -230,6 +283,7 @@ class BatchFeeder:
         ``(generation, epoch, step, sample id, label)``, int64 (B, 5)."""
         epoch, step, planned = next(self._batches)
         ids, skipped, valid = self._drop_excluded(self.table.global_ids(planned.ids, planned.source), planned.valid)
+        ids, skipped, valid = self._drop_damaged(ids, skipped, valid)
         views = self._views(ids)
         if not views:  # every sample excluded, or an empty batch (pad=False): one placeholder
             ids, valid = np.array([-1], dtype=np.int64), np.zeros(1, dtype=bool)
@@ -250,6 +304,24 @@ class BatchFeeder:
         if not out.any():
             return planned, (), valid
         return planned[~out], tuple(planned[out].tolist()), valid[~out]
+
+    def _drop_damaged(self, ids: np.ndarray, skipped: tuple[int, ...], valid: np.ndarray,
+                      ) -> tuple[np.ndarray, tuple[int, ...], np.ndarray]:
+        """The samples whose bytes pass their checksum; a damaged one raises, or is skipped (and
+        excluded from then on) with ``on_error="skip"``."""
+        bad = self.maps.damaged(self.table, ids)
+        if not bad:
+            return ids, skipped, valid
+        if self.on_error == "raise":
+            e = bad[0][1]
+            raise SampleError(f"{e}; pass on_error='skip' to skip bad samples", shard=e.shard, key=e.key,
+                              offset=e.offset)
+        out = [int(ids[j]) for j, _, _ in bad]
+        self.reasons.update({int(ids[j]): reason for j, _, reason in bad})
+        self.exclude(out)
+        keep = np.ones(len(ids), dtype=bool)
+        keep[[j for j, _, _ in bad]] = False
+        return ids[keep], (*skipped, *out), valid[keep]
 
     def _views(self, ids: np.ndarray) -> list[memoryview]:
         """Zero-copy views of the batch's image bytes in the mapped shards, in order."""

@@ -184,7 +184,7 @@ class DaliLoader(Resumable):
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
         self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.storage.cache_size,
-                               storage_options=options.storage.options)
+                               storage_options=options.storage.options, verify=options.storage.verify)
         names = names or [str(i.root or f"dataset {k}") for k, i in enumerate(self.indexes)]
         self._table = mixed_table(self.indexes, names, options.crop.image_field, options.storage.options)
         self._fields = FieldReader(self._table, self._maps)
@@ -196,7 +196,7 @@ class DaliLoader(Resumable):
         self._other = [e for e in self._table.exts
                        if e != self._label_field and self._beside_image(e).any()]
         self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
-                                   pack=tensor_batch(dali))
+                                   pack=tensor_batch(dali), on_error=options.on_error)
         # the pipelines (batch j of the feed comes from pipeline j % N) and what they run;
         # left to the next loader of the same shape if this one is dropped unclosed
         self._set = PipelineSet(pending=self._feeder.pending)
@@ -545,7 +545,7 @@ class DaliLoader(Resumable):
 
     def _skip_message(self, i: int, default: str) -> str:
         shard, key, offset = where(self._table, self._maps, i)
-        reason = self._skip_reasons.get(i, default)
+        reason = self._skip_reasons.get(i) or self._feeder.reasons.get(i, default)  # the feed's: a bad checksum
         return f"{shard}: sample '{key}' (image at byte {offset}): {reason}"
 
 
