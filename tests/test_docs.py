@@ -73,6 +73,7 @@ def test_monitor_example_reports_where_the_steps_went(packed: Path, tmp_path: Pa
     assert (tmp_path / "m.jsonl").read_text().count("\n") == 1 + 4 + 1  # header, 4 windows, the report
 
 
+@pytest.mark.slow
 def test_monitor_example_runs_as_a_script(packed: Path) -> None:
     out = subprocess.run([sys.executable, str(MONITOR_EXAMPLE), str(packed), "--epochs", "1", "--every", "2"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -294,9 +294,9 @@ def attribute(t: StepTimes, *, detail: bool = True) -> Attribution:
     if units == 0 or not detail:
         excess = (s.busy - s.busy.mean(axis=0, keepdims=True)).sum(axis=1) if units else np.zeros(t.ranks)
         step_s = float(s.total.sum()) / (t.ranks * t.steps) if t.steps else 0.0
-        return Attribution(t.ranks, t.steps, units, seconds, _shares(seconds) if units else {c: 0.0 for c in CATEGORIES},
-                           step_s, 0.0, 1.0, 1.0, int(np.argmax(excess)), (0,) * t.ranks,
-                           tuple(float(e) for e in excess), 0.0, 0.0, per_rank=per_rank)
+        shares = _shares(seconds) if units else {c: 0.0 for c in CATEGORIES}
+        return Attribution(t.ranks, t.steps, units, seconds, shares, step_s, 0.0, 1.0, 1.0, int(np.argmax(excess)),
+                           (0,) * t.ranks, tuple(float(e) for e in excess), 0.0, 0.0, per_rank=per_rank)
     unit_time = s.total.max(axis=0)  # in lockstep every rank's; else the step lasted the longest rank's
     total = float(unit_time.sum())
     slow = np.argmax(s.busy, axis=0)

@@ -135,7 +135,8 @@ def _lightning_class() -> type:
             raise MissingDependencyError("fastfeed.LightningStepMonitor needs Lightning: pip install lightning") \
                 from None
     return type("LightningStepMonitor", (LightningStepMonitor, Callback),
-                {"__module__": __name__, "__doc__": LightningStepMonitor.__doc__, "__qualname__": "LightningStepMonitor"})
+                {"__module__": __name__, "__doc__": LightningStepMonitor.__doc__,
+                 "__qualname__": "LightningStepMonitor"})
 
 
 # ---------------------------------------------------------------------- the HF Trainer

@@ -51,6 +51,7 @@ class LoaderProbe:
     def __init__(self, loader: Any) -> None:
         from torch.utils.data import DataLoader
 
+        self.loader = loader
         inner = getattr(loader, "iterables", loader)  # Lightning's CombinedLoader around one loader
         loader = inner if not isinstance(inner, (dict, list, tuple)) else loader
         stats = getattr(loader, "stats", None)

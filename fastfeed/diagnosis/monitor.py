@@ -75,9 +75,10 @@ class StepMonitor:
             every ``every`` steps (a multiple of ``accumulation``).
         accumulation: batches per optimizer step with gradient accumulation: the ranks
             synchronise once per ``accumulation`` steps.
-        timeout: seconds any wait for the other ranks may take (joining the exchange at
-            the first step, each window, the report); past it the monitor reports what it
-            gathered, or this rank alone, and says why.
+        timeout: seconds any wait for the other ranks may take: joining the exchange (once, when
+            the first window is posted), each window's gather (a rank held up by a checkpoint
+            save waits that long), the report; past it the monitor reports what it gathered, or
+            this rank alone, and says why.
         jsonl: a JSON-lines file rank 0 writes for dashboards: a header, one line per window,
             the report (the file is started anew by each run).
         clock: ``"auto"`` (CUDA events when this process uses CUDA), ``"host"`` or ``"cuda"``.
@@ -131,6 +132,7 @@ class StepMonitor:
         self._summaries: list[WindowSummary] = []
         self._notes: list[str] = []
         self._startup_s: float | None = None
+        self._started = False
 
     # ------------------------------------------------------------------ what it watches
     def watch(self, model: Any, *, hook: Callable[..., Any] | None = None, state: Any = None) -> Any:
@@ -195,7 +197,8 @@ class StepMonitor:
 
     def attach(self, loader: Any) -> None:
         """Read the stage times and settings of ``loader`` (``mon(dl)`` does it; callbacks call it)."""
-        self._probe = LoaderProbe(loader)
+        if self._probe is None or self._probe.loader is not loader:  # the same loader: keep counting (epochs)
+            self._probe = LoaderProbe(loader)
 
     # ------------------------------------------------------------------ the steps
     def __call__(self, iterable: Iterable[Any], *, device: Any = None) -> Iterator[Any]:
@@ -244,7 +247,7 @@ class StepMonitor:
         """
         if self._state == "step":
             self.end_step()
-        if self._exchange is None:
+        if not self._started:
             self._start()
         clock = self._ensure_clock()
         if data_s is None and self._state == "between" and self._probe is not None:
@@ -284,13 +287,22 @@ class StepMonitor:
 
     # ------------------------------------------------------------------ windows
     def _start(self) -> None:
-        """At the first step: rank, world and the exchange (all ranks join it here)."""
+        """At the first step: rank and world size."""
         import torch.distributed as dist
 
-        facts = {"host": socket.gethostname(), "pid": os.getpid(), "cores": cpu_count(),
-                 "local_ranks": _local_ranks(), "loader": (self._probe or LoaderProbe(None)).facts()}
+        self._started = True
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        env = os.environ.get("WORLD_SIZE", "1")
+        if self.world_size == 1 and env.isdigit() and int(env) > 1:
+            self._notes.append(f"torch.distributed is not initialised (WORLD_SIZE={env} is set): each process "
+                               "reports on its own steps; call torch.distributed.init_process_group() before the "
+                               "first step to see all ranks")
+
+    def _open_exchange(self) -> Exchange | LocalExchange:
+        """When the first window is posted (the ranks step together by then): every rank joins the exchange."""
+        facts = {"host": socket.gethostname(), "pid": os.getpid(), "cores": cpu_count(),
+                 "local_ranks": _local_ranks(), "loader": (self._probe or LoaderProbe(None)).facts()}
         if self.world_size > 1:
             self._exchange = Exchange.open(self.rank, self.world_size, self.timeout, facts)
             if self._exchange.failed:
@@ -298,14 +310,10 @@ class StepMonitor:
                 self.world_size = 1
         else:
             self._exchange = LocalExchange(facts)
-            env = os.environ.get("WORLD_SIZE", "1")
-            if env.isdigit() and int(env) > 1:
-                self._notes.append(f"torch.distributed is not initialised (WORLD_SIZE={env} is set): each process "
-                                   "reports on its own steps; call torch.distributed.init_process_group() before the "
-                                   "first step to see all ranks")
         if self.rank == 0 and self.jsonl is not None:
             self._write({"type": "header", "world_size": self.world_size, "every": self.every,
                          "accumulation": self.accumulation, "ranks": self._exchange.facts}, mode="w")
+        return self._exchange
 
     def _close(self) -> None:
         """End the open window at this step: snapshot the loader now, read the stamps ``lag`` steps later."""
@@ -325,7 +333,9 @@ class StepMonitor:
             clock.flush()
         while self._closing and (flush or self.steps >= self._closing[0][1] + len(self._closing[0][2]) + clock.lag):
             index, first, records, header = self._closing.popleft()
-            clock.settle(records[-1].end)
+            clock.settle(records[-1].end)  # lag steps old: done; and the collectives' completions with it
+            for done in (d for r in records for _, d, _ in r.async_coll):
+                clock.settle(done)
             self._post(index, first, records, header)
         if self._exchange is not None:
             for index, matrix in self._exchange.poll():
@@ -344,8 +354,8 @@ class StepMonitor:
         self._own_steps += len(steps)
         while len(self._own) > 1 and self._own_steps - len(self._own[0][2]) >= self.history:
             self._own_steps -= len(self._own.popleft()[2])
-        if self._exchange is not None:
-            self._exchange.post(index, pack(header, steps, self.every))
+        exchange = self._exchange or self._open_exchange()
+        exchange.post(index, pack(header, steps, self.every))
 
     def _gathered_window(self, index: int, matrix: np.ndarray) -> None:
         headers, cube = unpack(matrix, self.every)
@@ -408,7 +418,7 @@ class StepMonitor:
         """
         if self._state == "step":
             self.end_step()
-        if self._exchange is None:
+        if self.steps == 0:
             raise ConfigError("StepMonitor.report(): no step was measured: iterate `for batch in mon(loader)` (or "
                               "call begin_step()/end_step()) first")
         self._close()

@@ -76,7 +76,8 @@ def _bar(y: float, h: float, shares: dict[str, float]) -> str:
 
 
 def _shares_svg(r: Any) -> str:
-    rows: list[tuple[str, dict[str, float], bool]] = [("all ranks", r.shares, False)]
+    rows: list[tuple[str, dict[str, float], bool]] = [("all ranks" if r.world_size > 1 else "this process",
+                                                        r.shares, False)]
     if r.world_size > 1:
         for k, sh in enumerate(r.per_rank):
             host = r.hosts[k] if k < len(r.hosts) else ""

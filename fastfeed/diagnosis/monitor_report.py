@@ -77,7 +77,8 @@ class WindowSummary:
     def to_json(self) -> dict[str, Any]:
         return {"type": "window", "index": self.index, "first_step": self.first_step, "steps": self.steps,
                 "step_s": self.step_s, "samples_per_s": self.samples_per_s, "shares": self.shares,
-                "per_rank_seconds": [dict(zip(CATEGORIES, r)) for r in self.per_rank], "slowest_rank": self.slowest_rank,
+                "per_rank_seconds": [dict(zip(CATEGORIES, r)) for r in self.per_rank],
+                "slowest_rank": self.slowest_rank,
                 "same_slowest": self.same_slowest}
 
 

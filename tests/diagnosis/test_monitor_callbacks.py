@@ -47,7 +47,8 @@ def _loader(root: Path, **kw: Any) -> Any:
 # ---------------------------------------------------------------------- Lightning
 L = pytest.importorskip("lightning")
 
-pytestmark = [  # Lightning's notices about an IterableDataset with __len__ and few workers; its _pytree under this torch
+# Lightning's notices about an IterableDataset with __len__ and few workers; its _pytree under this torch
+pytestmark = [
     pytest.mark.filterwarnings("ignore:Your `IterableDataset` has `__len__` defined"),
     pytest.mark.filterwarnings("ignore:.*does not have many workers"),
     pytest.mark.filterwarnings("ignore:The number of training batches"),
@@ -173,3 +174,21 @@ def test_a_missing_framework_gives_the_install_line(monkeypatch: pytest.MonkeyPa
     finally:
         callbacks._lightning_class.cache_clear()
         callbacks._trainer_class.cache_clear()
+
+
+# ---------------------------------------------------------------------- Accelerate: the monitor directly
+def test_accelerate_prepared_loader_and_model_are_monitored_as_they_are(data: Path) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    acc = accelerate.Accelerator(cpu=True)
+    dl, net = _loader(data), torch.nn.Linear(1, 5)
+    model, opt, prepared = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), dl)
+    assert prepared is dl  # a fastfeed loader comes back from prepare unchanged
+    mon = fastfeed.StepMonitor(every=5)
+    model = mon.watch(model)
+    for batch in mon(prepared):
+        time.sleep(0.02)
+        acc.backward(torch.nn.functional.cross_entropy(model(batch["label"].float().unsqueeze(1)), batch["label"]))
+        opt.step()
+        opt.zero_grad()
+    r = mon.report()
+    assert r.steps == 14 and r.loaders[0]["kind"] == "fastfeed" and r.samples_per_s, r.text()
