@@ -17,12 +17,14 @@ but step the monitor.
 Models: ``--model cnn`` (a small CNN, 3 convolutions on 3x64x64, batch 32, one intra-op thread:
 the CPU default, ~23 ms a step on the 2-core machine) or ``resnet50``
 (torchvision's ResNet-50, 224x224, batch 128, channels_last, bf16 autocast: the GPU default).
-Batches come from memory (already on the device) unless ``--data PATH`` names a packed dataset,
-read by ``fastfeed.loader`` (``--workers``, ``--decode``). Under ``torchrun`` each rank trains a
-DDP replica (NCCL on GPUs, gloo on the CPU) and the monitor's one all_gather per window is in the
-figure too. ``--profile`` (GPU) runs ``torch.profiler`` over the last round's monitored pass and
-prints the GPU's busy share (the union of its kernels over the wall time) beside the monitor's
-compute + collective share for the same steps.
+Batches come from memory (already on the device) unless ``--data PATH`` names a packed dataset
+(or ``--data synth``: ``--images`` generated ImageNet-like JPEGs, packed once), read by
+``fastfeed.loader`` (``--workers``, ``--decode``): then the monitor's verdict is the figure to
+read (CPU decode with too few workers: input-bound; ``--decode dali``: compute-bound). Under
+``torchrun`` each rank trains a DDP replica (NCCL on GPUs, gloo on the CPU) and the monitor's one
+all_gather per window is in the figure too. ``--profile`` (GPU) runs ``torch.profiler`` over the
+last round's monitored pass and prints the GPU's busy share (the union of its kernels over the
+wall time) beside the monitor's compute + collective share for the same steps.
 
 Run (dev machine, 2 cores)::
 
@@ -32,8 +34,10 @@ Run (GPU machine, one H200)::
 
     python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --repeat 5 \\
         --json $OUT/monitor_overhead.json
-    python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --data /tmp/imagenet-ff \\
-        --workers 4 --repeat 3 --profile --json $OUT/monitor_profile.json
+    python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --data synth --workers 2 \\
+        --repeat 3 --profile --json $OUT/monitor_cpu2.json      # CPU decode, too few workers: input-bound
+    python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --data synth --decode dali \\
+        --repeat 3 --profile --json $OUT/monitor_dali.json      # GPU decode: compute-bound
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from typing import Any, Callable, Iterable, Iterator
 if __name__ == "__main__":  # run as a script: the repo's root on the path, for benchmarks.lib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.lib.data import pack_once, synth_image_folder  # noqa: E402
 from benchmarks.lib.loaders import fastfeed_loader  # noqa: E402
 from benchmarks.lib.measure import Stopwatch  # noqa: E402
 from benchmarks.lib.report import log  # noqa: E402
@@ -67,7 +72,9 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps before each pass")
     ap.add_argument("--every", type=int, default=50, help="the monitor's window (steps per all_gather)")
     ap.add_argument("--clock", choices=("auto", "host", "cuda"), default="auto", help="the monitor's clock")
-    ap.add_argument("--data", default=None, help="a packed dataset to read batches from (default: memory)")
+    ap.add_argument("--data", default=None, help="a packed dataset to read batches from, or 'synth' (generated "
+                    "ImageNet-like JPEGs, --images of them, packed once under bench-data/); default: memory")
+    ap.add_argument("--images", type=int, default=10_000, help="images of --data synth")
     ap.add_argument("--workers", type=int, default=4, help="loader workers with --data")
     ap.add_argument("--decode", default="cpu", help="loader decode with --data (cpu, dali)")
     ap.add_argument("--profile", action="store_true", help="GPU: torch.profiler over the last monitored pass")
@@ -114,9 +121,12 @@ def _step(model: Any, opt: Any, s: dict[str, Any]) -> Callable[[Any], None]:
     amp = s["cuda"]
 
     def step(batch: Any) -> None:
-        if isinstance(batch, dict):  # from a fastfeed loader: uint8 NCHW images
-            x = batch["image"].to(s["device"], non_blocking=True).float().div_(255)
-            y = batch["label"].to(s["device"], non_blocking=True)
+        if isinstance(batch, dict):  # from a fastfeed loader: NCHW images, uint8 unless Dali(output=...) says so
+            x = batch["image"].to(s["device"], non_blocking=True)
+            if x.shape[1] != 3 and x.shape[-1] == 3:
+                x = x.permute(0, 3, 1, 2)
+            x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
+            y = batch["label"].to(s["device"], non_blocking=True).long()
         else:
             x, y = batch
         with torch.autocast(s["device"].type, dtype=torch.bfloat16, enabled=amp):
@@ -149,8 +159,13 @@ def prepare(ctx: Context) -> dict[str, Any]:
 
     s = _setup(ctx.args)
     if ctx.args.data:
-        s["loader"] = fastfeed_loader(ctx.args.data, batch_size=s["batch"], image_size=s["size"],
-                                      decode=ctx.args.decode, workers=ctx.args.workers, pin_memory=s["cuda"])
+        path = ctx.args.data
+        if path == "synth":
+            path = pack_once(synth_image_folder(ctx.args.images), samples_per_shard=256, jpeg_restarts=None)
+        cpu = ctx.args.decode == "cpu"  # DALI starts no workers; pinned memory: the loader's default with CUDA
+        s["loader"] = fastfeed_loader(path, batch_size=s["batch"], image_size=s["size"], decode=ctx.args.decode,
+                                      workers=ctx.args.workers if cpu else None)
+        s["data"] = str(path)
     for _ in fastfeed.StepMonitor(every=ctx.args.every, clock="host")(range(1000)):  # first calls, imports
         pass
     mon = fastfeed.StepMonitor(every=ctx.args.every, clock="host")
@@ -264,7 +279,11 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
         mine = last["shares"]["compute"] + last["shares"]["collective"]
         print(f"torch.profiler: GPU busy {busy[-1]:.1%} of the pass; the monitor: compute + collective {mine:.1%} "
               f"(data {last['shares']['data']:.1%}, other {last['shares']['other']:.1%})")
+    verdicts = sorted({t["verdict"] for t in table})
+    print(f"the monitor's verdict{'s' if len(verdicts) > 1 else ''}: {', '.join(verdicts)}"
+          + (f" (batches from {s['data']}, decode={ctx.args.decode})" if s.get("data") else " (batches from memory)"))
     return {"env": ctx.env, "model": s["model_name"], "batch": s["batch"], "device": str(s["device"]),
+            "data": s.get("data"), "decode": ctx.args.decode if s.get("data") else None, "verdicts": verdicts,
             "world": s["world"], "every": ctx.args.every, "steps": ctx.args.steps, "rounds": table,
             "overhead": overhead, "step_ms": step_ms, "own_us_per_step": own, "empty_step_us": s["empty_step_us"],
             "goal": GOAL, "met": overhead <= GOAL, "profiler_gpu_busy": busy[-1] if busy else None}
