@@ -157,6 +157,30 @@ def test_hf_trainer_train_is_monitored_step_by_step(data: Path, tmp_path: Path, 
     assert (tmp_path / "monitor.html").exists()
 
 
+def run_trainer_rank(rank: int, world: int, root: str, out: str, port: int, tmp: str) -> None:
+    become_rank(rank, world, port)
+    args = transformers.TrainingArguments(
+        output_dir=tmp, num_train_epochs=1, use_cpu=True, report_to=[], logging_strategy="no", disable_tqdm=True,
+        save_strategy="no", per_device_train_batch_size=BATCH, ddp_find_unused_parameters=False)
+    trainer = LoaderTrainer(model=TinyModel(), args=args, train_loader=_loader(Path(root)))
+    cb = fastfeed.TrainerStepMonitor(trainer=trainer, every=3, timeout=60)
+    trainer.add_callback(cb)
+    trainer.train()
+    Path(out).write_text(json.dumps({**cb.report.to_json(), "text": cb.report.text()}))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_hf_trainer_ddp_watches_the_model_it_wraps(data: Path, tmp_path: Path) -> None:
+    port, world = free_port(), 2
+    results = run_ranks(mp.get_context("fork"), run_trainer_rank,
+                        lambda r, out: (r, world, str(data), out, port, str(tmp_path / "out")), world, tmp_path)
+    r = results[0]
+    steps = len(_loader(data, rank=0, world_size=world))  # optimizer steps of one epoch; the first is left out
+    assert r["world_size"] == 2 and r["watched"] and r["steps"] == steps - 1, r["text"]
+    assert results[1]["verdict"] == r["verdict"]
+
+
 # ---------------------------------------------------------------------- missing frameworks
 @pytest.mark.parametrize(("cls", "modules", "line"), [
     ("LightningStepMonitor", ("lightning", "lightning.pytorch", "pytorch_lightning"), "pip install lightning"),
