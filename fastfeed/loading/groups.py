@@ -4,7 +4,7 @@
   evaluation crop, the image field);
 - :class:`Workers`: the DataLoader worker processes of ``decode="cpu"`` / None;
 - :class:`Dali`: the options of ``decode="dali"`` only;
-- :class:`Storage`: remote reads (fsspec options, the shard cache's bound);
+- :class:`Storage`: remote reads (fsspec options, the shard cache's bound, timeouts and retries);
 - :class:`Tokens`: padded token batches;
 - :class:`Order`: the shuffle window and the length of a mixed epoch.
 
@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 from fastfeed._options import as_bool, at_least, auto_or_int, callable_or_none, check_int, group, one_of, option
 from fastfeed.errors import ConfigError
 from fastfeed.loading.order import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.storage.retry import check_retries, check_timeout
 
 __all__ = ["Crop", "Dali", "GROUPS", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "OUTPUTS", "Order", "Storage",
            "Tokens", "Workers", "dali_meets", "dali_refuses", "plain"]
@@ -80,6 +81,14 @@ def _device(value: Any, name: str) -> Any:
     if value is not None and value != "auto":
         check_int(name, value, 0)
     return value
+
+
+def _seconds(value: Any, name: str) -> float | None:
+    return None if value is None else check_timeout(value, name)
+
+
+def _retries(value: Any, name: str) -> int | None:
+    return None if value is None else check_retries(value, name)
 
 
 def dali_refuses(accepted: tuple[Any, ...], why: str) -> dict[str, Any]:
@@ -141,6 +150,7 @@ class Workers:
 
     Their number is ``loader(num_workers=)``. ``decode="dali"`` has no worker processes: it
     refuses these options unless neutral, and ignores the ones its pipeline already serves.
+    ``stall_timeout`` and ``on_stall`` watch both loops: the workers' batches, and DALI's.
 
     Example:
         >>> fastfeed.Workers(prefetch_factor=4, pin_memory=False)   # doctest: +SKIP
@@ -174,6 +184,14 @@ class Workers:
         "auto", "the CPU decoder's JPEG library: 'auto' (simplejpeg + OpenCV when installed), 'turbo', 'pillow'",
         **dali_refuses(("auto",), "it picks the CPU decoder's JPEG library, and DALI decodes with its own (nvJPEG "
                              "on the GPU); drop it"))
+    stall_timeout: float | str | None = option(
+        120.0, "seconds the training loop may wait for a batch before the watchdog names the worker that holds "
+               "it up, its state (stopped, in disk wait, reading which shard since when, alive but slow) and "
+               "the shard (decode='dali': the pipeline); a number or '5m'; None: no watchdog", check=_seconds)
+    on_stall: str = option(
+        "log", "what a stall does: 'log' (one warning when the wait passes stall_timeout, again every 5 "
+               "minutes while it lasts) or 'raise' (a fastfeed.errors.StallError; with num_workers=0 it logs)",
+        check=one_of(("log", "raise"), "'log' or 'raise'"))
 
 
 @group
@@ -221,17 +239,30 @@ class Dali:
 
 @group
 class Storage:
-    """Where remote shards come from (``s3://``, ``gs://``, ... through fsspec) and how much the cache holds.
+    """Where remote shards come from (``s3://``, ``gs://``, ... through fsspec), how much the cache holds,
+    and how long a remote read may stall.
 
-    The cache's folder is ``loader(cache_dir=)``.
+    The cache's folder is ``loader(cache_dir=)``. A store that stops answering costs at most
+    ``(retries + 1) * timeout`` plus the backoff per read (about 6.5 minutes with the
+    defaults), then a :class:`~fastfeed.errors.RemoteError` names the URL and the fix.
 
     Example:
         >>> fastfeed.Storage(options={"endpoint_url": "http://127.0.0.1:9000"}, cache_size="200GB")  # doctest: +SKIP
+        >>> Storage(timeout="2m", retries=8)
+        Storage(timeout=120.0, retries=8)
     """
 
     options: Mapping[str, Any] | None = option(None, "fsspec options (endpoint, credentials) for remote data",
                                                legacy="storage_options")
     cache_size: str | int = option("50GB", "bound of the shard cache (least recently used shards are evicted)")
+    timeout: float | str | None = option(
+        None, "seconds a remote connect or read may go without progress before it is given up and retried (a "
+              "number or '90s'); None: $FASTFEED_STORAGE_TIMEOUT, else 60", check=_seconds,
+        legacy="storage_timeout")
+    retries: int | None = option(
+        None, "tries after the first of a remote read that failed or timed out, with backoff (1 s, doubling, at "
+              "most 30 s); then a RemoteError names the URL; None: $FASTFEED_STORAGE_RETRIES, else 5",
+        check=_retries)
     verify: bool = option(
         True, "check every sample read against the checksum `fastfeed pack` recorded (a mismatch is a SampleError "
               "naming shard and key, or a counted skip with on_error='skip'); False: read unchecked (saves ~0.5% of "

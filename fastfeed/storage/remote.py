@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import inspect
 import io
 import logging
 import os
@@ -69,6 +70,8 @@ __all__ = [
     "is_gzip_tar",
     "is_transient",
     "is_url",
+    "call_within",
+    "open_remote",
     "open_shard",
     "policy_of",
     "read_bytes",
@@ -141,6 +144,28 @@ def filesystem(
     return fs, path
 
 
+def call_within(fs: Any, method: str, seconds: float | None, *args: Any, **kwargs: Any) -> Any:
+    """``fs.method(*args, **kwargs)``, given up after ``seconds`` where the file system allows it.
+
+    fsspec's asynchronous file systems (s3fs, HTTP, gcsfs, ...) run a call on their event
+    loop and take a ``timeout=`` that cancels it; others are called as they are (their own
+    timeouts apply). Raises :class:`TimeoutError` naming the deadline.
+
+    Example:
+        >>> fs, path = filesystem("s3://bucket/ff/shard-000000.tar")                  # doctest: +SKIP
+        >>> call_within(fs, "put_file", 316.0, "/tmp/shard-000000.tar", path)          # doctest: +SKIP
+    """
+    fn = getattr(fs, method)
+    if seconds is None or not inspect.iscoroutinefunction(getattr(fn, "__wrapped__", None)):
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, timeout=seconds, **kwargs)
+    except Exception as e:
+        if type(e).__name__ != "FSTimeoutError":
+            raise
+        raise TimeoutError(f"{method} not done within {seconds:.0f} s (the store takes no more data?)") from e
+
+
 def _client_kind(cls: type) -> str | None:
     """``"s3"`` (s3fs), ``"http"`` (fsspec's HTTP) or None: the clients whose timeouts are set here."""
     for c in cls.__mro__:
@@ -207,6 +232,77 @@ def object_size(
     if size is None:
         raise RemoteError(f"{url}: the server does not report the object's size; pass size= to open_shard")
     return int(size)
+
+
+class _RangeFile(io.RawIOBase):
+    """A remote object read by ranged requests, each bounded and retried (see :func:`open_remote`)."""
+
+    def __init__(self, url: str, size: int, storage_options: Mapping[str, Any] | None, retry: RetryPolicy,
+                 block: int) -> None:
+        super().__init__()
+        self.url, self.size, self._retry, self._block = url, size, retry, block
+        self._fs, self._path = filesystem(url, storage_options, retry=retry)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        end = min(self.size, self._pos + len(buffer))
+        if end <= self._pos:
+            return 0
+        start = self._pos
+        data = with_retries(lambda: self._fs.cat_file(self._path, start=start, end=end), self.url,
+                            f"read of bytes {start}-{end}", self._retry)
+        n = len(data)
+        buffer[:n] = data
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        parts = []
+        while chunk := self.read(self._block):  # RawIOBase's would ask for 8 KB at a time
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+def open_remote(
+    url: str, *, size: int | None = None, storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None, block: int = 8 << 20,
+) -> BinaryIO:
+    """A buffered, seekable file over a remote object whose every read is a bounded, retried request.
+
+    ``fs.open()`` hands reads to the file system's own retries (which :func:`filesystem`
+    turns off, so that fastfeed's are the only ones); this file reads ``block`` bytes at a
+    time with ranged requests through :func:`with_retries`, so streaming a manifest or a
+    tar from object storage is bounded and retried like every other read.
+
+    Args:
+        url: the object.
+        size: its bytes when known (else one stat request).
+        storage_options: fsspec options (with fastfeed's ``timeout`` / ``retries``).
+        retry: the policy (default: that of ``storage_options``).
+        block: bytes per request.
+
+    Example:
+        >>> with open_remote("s3://bucket/train.jsonl") as f:                  # doctest: +SKIP
+        ...     first = f.readline()
+    """
+    policy = retry or policy_of(storage_options)
+    known = size if size is not None else object_size(url, storage_options=storage_options, retry=policy)
+    raw = _RangeFile(url, known, storage_options, policy, block)
+    return io.BufferedReader(raw, buffer_size=block)  # type: ignore[return-value]
 
 
 def _missing(url: str) -> ShardError:

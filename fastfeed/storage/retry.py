@@ -54,6 +54,10 @@ TIMEOUT_ENV = "FASTFEED_STORAGE_TIMEOUT"
 RETRIES_ENV = "FASTFEED_STORAGE_RETRIES"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_RETRIES = 5
+#: An upload slower than this (bytes/s) counts as stalled: HTTP clients bound waiting for an answer,
+#: not a body write the server stopped taking (aiohttp starts its read timeout once the body is
+#: sent, and waits for a ``100 Continue`` without one), so uploads get a deadline by their size.
+UPLOAD_FLOOR = 1_000_000
 
 # Exception class names (anywhere in the MRO) of botocore / aiohttp / urllib3 /
 # requests / fsspec errors that mean "the network or the server hiccupped; try again".
@@ -124,6 +128,16 @@ class RetryPolicy:
             min(self.max_delay, self.base_delay * 2.0**i) * rng.uniform(0.5, 1.0)
             for i in range(self.attempts - 1)
         ]
+
+    def upload_deadline(self, nbytes: int) -> float | None:
+        """Seconds one upload attempt of ``nbytes`` may take: ``timeout`` plus the bytes at
+        :data:`UPLOAD_FLOOR` (1 MB/s); None without a timeout.
+
+        Example:
+            >>> RetryPolicy(timeout=60).upload_deadline(256_000_000)
+            316.0
+        """
+        return None if self.timeout is None else self.timeout + nbytes / UPLOAD_FLOOR
 
     def bound(self) -> float:
         """The longest one call can take against a store that stopped answering: every
@@ -268,11 +282,11 @@ def _gave_up(url: str, what: str, policy: RetryPolicy, exc: BaseException, elaps
     tries = "once" if policy.attempts == 1 else f"{policy.attempts} times"
     kind = is_timeout(exc)
     if kind is not None and policy.timeout is not None:
-        doing = "connecting" if kind == "connect" else "waiting for an answer"
+        doing = "no connection" if kind == "connect" else "no answer"
         longer, more = f"{2 * policy.timeout:g}", policy.retries + 2
         return RemoteError(
-            f"{url}: {what} timed out {tries} ({doing}: nothing for {policy.timeout:g} s each time, "
-            f"{elapsed:.1f} s in all; last {last}); the store stopped answering or is too slow. "
+            f"{url}: {what} timed out {tries}, {elapsed:.1f} s in all ({doing} for {policy.timeout:g} s gives an "
+            f"attempt up; last {last}); the store stopped answering or is too slow. "
             f"If it is only slow, wait longer: loader(..., storage=fastfeed.Storage(timeout={longer}, "
             f"retries={more})), pack(..., storage_options={{'timeout': {longer}, 'retries': {more}}}) or "
             f"{TIMEOUT_ENV}={longer} {RETRIES_ENV}={more}; else check that the endpoint answers (the fsspec "

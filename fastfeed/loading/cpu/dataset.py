@@ -17,6 +17,9 @@ says; a sample that cannot be read or decoded raises
 Each batch also carries ``"__timing__"``: the seconds its worker spent reading and
 decoding it and its CPU seconds (three ``perf_counter``/``process_time`` readings per
 batch), which the Loader also moves into its stats (:mod:`fastfeed.loading.bottleneck`).
+Each worker publishes what it is doing (batch, shard, phase, since when) in its row of the
+loader's :class:`~fastfeed.loading.cpu.watchdog.WorkerSlots`, for the stall watchdog: a few
+stores per batch and per shard change.
 
 :func:`open_dataset` gives map-style access (``len``, ``ds[i]``) for users who bring
 their own sampler.
@@ -49,6 +52,7 @@ from fastfeed.loading.order.elastic import Stage
 from fastfeed.loading.order.epoch import worker_batches
 from fastfeed.loading.order.rankplan import Batch, PlanSpec, RankPlan
 from fastfeed.loading.order.position import Position, SharedPosition, rank_plan
+from fastfeed.loading.cpu.watchdog import NO_SLOT, Slot, WorkerSlots
 from fastfeed.storage.remote import is_url
 from fastfeed.packed.reader import ShardSource, check_shards, resolve_index, sample_error
 
@@ -94,6 +98,8 @@ class ShardBatches(IterableDataset):
         self._position = SharedPosition()
         self._empty = _empty_entries(self.sources, decoder)
         self.pool: BufferPool | None = None  # set by the loader (persistent workers only)
+        self.slots: WorkerSlots | None = None  # set by the loader: what each worker does, for its watchdog
+        self._slot: Slot = NO_SLOT  # this process's row of ``slots``
         self._plan: RankPlan | None = None
         self._plan_key: Position | None = None
 
@@ -105,6 +111,7 @@ class ShardBatches(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_plan"], state["_plan_key"] = None, None  # workers compute their own
+        state["_slot"] = NO_SLOT  # each process takes its own row
         return state
 
     def set_position(self, pos: Position) -> None:
@@ -124,15 +131,19 @@ class ShardBatches(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
         if info is not None:
             bufpool.activate(self.pool, worker)
+        slot = self._slot = self.slots.slot(worker) if self.slots is not None else NO_SLOT
         pos = self._position.get()
         plan = self.plan(pos.epoch, pos.prior, pos.legacy)
         mine = worker_batches(plan.num_batches, start=pos.start, num_workers=workers, worker=worker)
         for i, b in enumerate(mine):
+            slot.batch(pos.epoch, b)
             if i + 1 < len(mine):  # the next batch's reads start while this one decodes
                 nxt = plan.batch(mine[i + 1])
                 for k, src in enumerate(self.sources):
                     src.will_need(nxt.ids[nxt.source == k] if len(self.sources) > 1 else nxt.ids)
-            yield self.make_batch(plan.batch(b), pos.epoch)
+            batch = self.make_batch(plan.batch(b), pos.epoch)
+            slot.idle()
+            yield batch
 
     def make_batch(self, planned: Batch, epoch: int) -> dict[str, Any]:
         """Read, decode and collate the samples of ``planned`` (in that order)."""
@@ -154,6 +165,7 @@ class ShardBatches(IterableDataset):
                 s, (off, size) = shard_list[j], loc_list[j]
                 try:
                     if s != at:
+                        self._slot.shard(k, s)
                         reader, at = src.reader(s), s
                     got[where[j]] = src.attach_shape(reader.read(off, size), int(ids[where[j]]))
                 except SampleError as e:
@@ -171,6 +183,7 @@ class ShardBatches(IterableDataset):
             self._fail(skipped, err)
 
         t1 = time.perf_counter()
+        self._slot.decoding()
         labels = self._labels(ids[kept_arr], which[kept_arr])
         batch = self.decoder.decode_batch(samples, ids[kept_arr] + self._offsets[which[kept_arr]], epoch,
                                           labels, fail)

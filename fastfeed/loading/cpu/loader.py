@@ -6,6 +6,11 @@ token / sampler variants) over the planned epoch and wraps it in :class:`Loader`
 it) with ``set_epoch``, ``state_dict`` / ``load_state_dict``, ``len()`` in batches and
 always-on ``stats``. The front door, :func:`fastfeed.loader`, validates the arguments and
 picks this backend or :mod:`fastfeed.loading.dali`.
+
+Every wait is bounded or watched: remote reads carry ``Storage(timeout=, retries=)`` into
+every worker (:func:`fastfeed.storage.retry.with_policy`), and the stall watchdog
+(:mod:`fastfeed.loading.cpu.watchdog`) names the worker that holds the loop up once it has
+waited ``Workers(stall_timeout=)``, or raises with ``on_stall="raise"``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from fastfeed.loading.compat import FrameworkHooks
 from fastfeed.loading.cpu.dataset import SKIPPED_KEY, TIMING_KEY, ShardBatches
 from fastfeed.loading.cpu.sampled import SamplerBatches
 from fastfeed.loading.cpu.tokens import TokenBatches, padding_of
+from fastfeed.loading.cpu.watchdog import Watchdog, WorkerInit, WorkerSlots, shard_namer
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.order.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.order.elastic import Stage, mode_of
@@ -34,7 +40,9 @@ from fastfeed.loading.sources import Sources, cursor_for
 from fastfeed.loading.stats import LoaderStats
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource
+from fastfeed.errors import StallError
 from fastfeed.storage.remote import is_url
+from fastfeed.storage.retry import with_policy
 
 __all__ = ["Loader", "convert_batch", "cpu_loader", "decoder_for"]
 
@@ -92,6 +100,8 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         stats: :class:`~fastfeed.loading.stats.LoaderStats`, always on.
         workers_from: where ``num_workers`` came from (``"explicit"``, ``"tuned"``, ``"heuristic"``).
         epoch: the epoch of the current (or next) pass.
+        watchdog: the stall :class:`~fastfeed.loading.cpu.watchdog.Watchdog` (None with
+            ``stall_timeout=None``); ``watchdog.stall(0).message()`` says what each worker does now.
 
     Accelerate's ``prepare`` returns it as is and Lightning can re-create it (``predict``):
     see :mod:`fastfeed.loading.compat`.
@@ -101,9 +111,21 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
                  pin_memory: bool, persistent_workers: bool, timeout: float,
                  multiprocessing_context: Any, worker_init_fn: Callable[[int], None] | None,
                  log_every: int | None, workers_from: str, cursor: EpochCursor,
-                 reuse_buffers: bool = False, sampler: None = None, batch_sampler: None = None) -> None:
+                 reuse_buffers: bool = False, stall_timeout: float | None = None, on_stall: str = "log",
+                 sampler: None = None, batch_sampler: None = None) -> None:
         # sampler / batch_sampler: only None, which frameworks that re-create a DataLoader over an
         # IterableDataset pass (Lightning's predict); DataLoader rejects anything else
+        self.watchdog: Watchdog | None = None
+        if stall_timeout is not None:
+            slots = WorkerSlots(num_workers)
+            dataset.slots = slots  # the workers publish what they do there
+            self.watchdog = Watchdog(slots, stall_timeout=stall_timeout, on_stall=on_stall, num_workers=num_workers,
+                                     shard_name=shard_namer([src.index for src in dataset.sources]))
+            if num_workers > 0:
+                worker_init_fn = WorkerInit(slots, worker_init_fn)
+                bound = self.watchdog.torch_timeout  # raise mode: DataLoader's own timeout, as a StallError
+                if bound:
+                    timeout = min(timeout, bound) if timeout else bound
         kwargs: dict[str, Any] = {}
         if num_workers > 0:  # PyTorch rejects prefetch_factor / persistent workers without workers
             kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -134,7 +156,12 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         self.dataset.set_position(p.position)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
-        return self.stats.track(super().__iter__(), _batch_size, self._pop_extras)
+        batches: Iterator[dict[str, Any]] = super().__iter__()
+        if self.watchdog is not None:
+            batches = self.watchdog.watch(batches, p.epoch, p.start)
+        elif self.timeout:
+            batches = _timed_out_as_stall(batches, self.timeout)
+        return self.stats.track(batches, _batch_size, self._pop_extras)
 
     def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
         """Move the batch's worker timings into ``stats``; return its skips."""
@@ -147,6 +174,18 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
             if slots:
                 self._pool.received(slots, batch.get("image"))
         return _pop_skipped(batch)
+
+
+def _timed_out_as_stall(batches: Iterator[dict[str, Any]], timeout: float) -> Iterator[dict[str, Any]]:
+    """The batches; PyTorch's ``DataLoader timed out`` (``Workers(timeout=)`` without the watchdog)
+    as a :class:`StallError`, which is the RuntimeError it was."""
+    try:
+        yield from batches
+    except RuntimeError as e:
+        if not str(e).startswith("DataLoader timed out"):
+            raise
+        raise StallError(f"{e}: no batch from the workers within Workers(timeout={timeout:g}); "
+                         "Workers(stall_timeout=...) also names the worker and what it does", waited=timeout) from e
 
 
 def _batch_size(batch: dict[str, Any]) -> int:
@@ -174,7 +213,9 @@ def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
         decoder = decoder_for(o, pad=padding, tokens_field=tokens_field)
     else:
         decoder = RawDecoder(o.transform, pad=padding)
-    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.storage.cache_size, storage_options=o.storage.options,
+    # Storage(timeout=, retries=) ride in the fsspec options to every read of every worker
+    storage_options = with_policy(o.storage.options, timeout=o.storage.timeout, retries=o.storage.retries)
+    readers = [ShardSource(idx, cache_dir=o.cache_dir, cache_size=o.storage.cache_size, storage_options=storage_options,
                            max_open=_max_open(idx, o.order.shuffle_block, o.cache_dir), verify=o.storage.verify)
                for idx in sources.indexes]
     shape = Stage(o.world_size, o.batch_size, mode_of(drop_last=o.drop_last, pad=o.pad))
@@ -193,7 +234,7 @@ def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
         persistent_workers=w.persistent_workers, timeout=w.timeout,
         multiprocessing_context=w.multiprocessing_context, worker_init_fn=w.worker_init_fn,
         log_every=o.log_every, workers_from=workers_from, cursor=cursor,
-        reuse_buffers=w.reuse_buffers and o.seq_len is None,
+        reuse_buffers=w.reuse_buffers and o.seq_len is None, stall_timeout=w.stall_timeout, on_stall=w.on_stall,
     )
 
 

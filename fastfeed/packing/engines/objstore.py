@@ -19,6 +19,12 @@ like the local DST:
   :meth:`RemoteDest.publish_dataset` uploads the sidecars, ``skipped.txt`` and, last,
   ``index.json``; then removes the resume records and stale files of earlier runs.
 
+Every request to the store is bounded: a connect or a read (an upload's answer too) that
+makes no progress for a minute is given up and retried, and after the last retry a
+:class:`~fastfeed.errors.RemoteError` names the object, what timed out and how to wait longer
+(:mod:`fastfeed.storage.retry`). ``pack(..., storage_options={"timeout": 120, "retries": 8})``
+changes the bound (fastfeed reads those two keys; the rest go to fsspec).
+
 Example:
     >>> idx = fastfeed.pack("train", "s3://bucket/train-ff", engine="ray")   # doctest: +SKIP
 """
@@ -54,7 +60,8 @@ from fastfeed.packing.write import (
     shard_fingerprint,
     write_shard,
 )
-from fastfeed.storage.remote import filesystem, with_retries
+from fastfeed.storage.remote import call_within, filesystem, with_retries
+from fastfeed.storage.retry import RetryPolicy, policy_of
 
 __all__ = ["RemoteDest", "write_shard_remote"]
 
@@ -72,7 +79,8 @@ class RemoteDest:
     Attributes:
         url: the prefix, e.g. ``s3://bucket/train-ff`` (no trailing slash).
         storage_options: passed to fsspec (endpoint, credentials); None: the
-            environment of the process (on a cluster: of each node).
+            environment of the process (on a cluster: of each node). Its ``"timeout"`` and
+            ``"retries"`` bound every request (:func:`fastfeed.storage.retry.policy_of`).
     """
 
     url: str
@@ -83,8 +91,13 @@ class RemoteDest:
         return cls(str(url).rstrip("/"), dict(storage_options) if storage_options else None)
 
     # ------------------------------------------------------------ primitives
+    @property
+    def policy(self) -> RetryPolicy:
+        """The timeout and retries of every request to the store."""
+        return policy_of(self.storage_options)
+
     def _fs(self) -> tuple[Any, str]:
-        return filesystem(self.url, self.storage_options)
+        return filesystem(self.url, self.storage_options, retry=self.policy)
 
     def name_url(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -104,7 +117,7 @@ class RemoteDest:
                 return []
 
         out = {}
-        for e in with_retries(ls, self.url, "list"):
+        for e in with_retries(ls, self.url, "list", self.policy):
             name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
             out[name] = -1 if e.get("type") == "directory" else int(e.get("size") or 0)
         return out
@@ -113,7 +126,7 @@ class RemoteDest:
         """A whole object; FileNotFoundError when missing."""
         fs, _ = self._fs()
         path = self._path(name)
-        return with_retries(lambda: fs.cat_file(path), self.name_url(name), "read")
+        return with_retries(lambda: fs.cat_file(path), self.name_url(name), "read", self.policy)
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Publish small ``data`` as ``name`` (whole or not at all)."""
@@ -128,13 +141,19 @@ class RemoteDest:
         """Upload a local file as ``name``, visible only once complete."""
         fs, _ = self._fs()
         final = self._path(name)
+        policy = self.policy
+        deadline = policy.upload_deadline(os.path.getsize(local))  # a body the store stopped taking
+
+        def put(to: str) -> None:
+            call_within(fs, "put_file", deadline, str(local), to)
+
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         if protocols & _OBJECT_STORES:
-            with_retries(lambda: fs.put_file(str(local), final), self.name_url(name), "upload")
+            with_retries(lambda: put(final), self.name_url(name), "upload", policy)
             return
         tmp = f"{final}.{uuid.uuid4().int % 10**12}.tmp"  # a name OWN_FILE knows, for cleanup
-        with_retries(lambda: fs.put_file(str(local), tmp), self.name_url(name), "upload")
-        with_retries(lambda: fs.mv(tmp, final), self.name_url(name), "rename")
+        with_retries(lambda: put(tmp), self.name_url(name), "upload", policy)
+        with_retries(lambda: fs.mv(tmp, final), self.name_url(name), "rename", self.policy)
 
     def remove(self, names: Sequence[str], *, recursive: bool = False) -> None:
         fs, _ = self._fs()
@@ -147,7 +166,7 @@ class RemoteDest:
                 except FileNotFoundError:
                     pass
 
-            with_retries(rm, self.name_url(name), "delete")
+            with_retries(rm, self.name_url(name), "delete", self.policy)
         fs.invalidate_cache(self._fs()[1])
 
     def matches(self, name: str, size: int | None, sha256: str | None) -> bool:
@@ -165,7 +184,7 @@ class RemoteDest:
             return n, h.hexdigest()
 
         try:
-            n, got = with_retries(digest, self.name_url(name), "checksum")
+            n, got = with_retries(digest, self.name_url(name), "checksum", self.policy)
         except FileNotFoundError:
             return False
         return (size is None or n == size) and got == sha256

@@ -9,9 +9,14 @@ permission bits or FIFOs, so those checks do not apply (an object that cannot be
 fails, or is skipped, when its shard is written).
 
 Reading an object (:func:`fastfeed.packing.sources.reader.read_source`) fetches it whole or a
-byte range of it with :func:`fastfeed.storage.remote.with_retries`. Credentials and
-endpoints come from the environment (``AWS_*`` variables, ``~/.aws``): of the driver
-for planning, and of every node for ``--engine ray``.
+byte range of it with :func:`fastfeed.storage.remote.with_retries`; a manifest or a
+WebDataset tar is streamed through :func:`fastfeed.storage.remote.open_remote` (ranged
+requests, each bounded and retried). Every request is bounded (a minute without progress,
+then retries, then a :class:`~fastfeed.errors.RemoteError` naming the object:
+:mod:`fastfeed.storage.retry`); ``FASTFEED_STORAGE_TIMEOUT`` / ``FASTFEED_STORAGE_RETRIES``
+change the bound, as pack's sources take no fsspec options. Credentials and endpoints come
+from the environment (``AWS_*`` variables, ``~/.aws``): of the driver for planning, and of
+every node for ``--engine ray``.
 
 Example:
     >>> tree = UrlTree("s3://bucket/train")                                   # doctest: +SKIP
@@ -21,13 +26,14 @@ Example:
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 from typing import IO, Any
 
 from fastfeed.errors import SourceError
 from fastfeed.formats.naming import is_hidden
 from fastfeed.packing.sources.tree import FileEntry, FileStat, Problems
-from fastfeed.storage.remote import filesystem, with_retries
+from fastfeed.storage.remote import filesystem, open_remote, with_retries
 
 __all__ = ["UrlTree"]
 
@@ -107,10 +113,15 @@ class UrlTree:
         return True  # no permission bits to check up front: reading tells
 
     def open(self, path: str) -> IO[bytes]:
-        """Open an object for reading (a seekable fsspec file)."""
-        url = self.path(path)
-        fs, fpath = filesystem(url)
-        return with_retries(lambda: fs.open(fpath, "rb"), url, "open")
+        """Open an object for reading: a seekable file whose reads are bounded, retried requests.
+
+        Raises:
+            FileNotFoundError: no such object.
+        """
+        found = self.stat(path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "no such object", self.path(path))
+        return open_remote(self.path(path), size=found.st_size)
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:
