@@ -10,7 +10,9 @@ the proxy does while the client works:
 - :meth:`~FaultProxy.slow`: bytes toward the client pass ``chunk`` at a time, ``delay``
   seconds apart (a server that answers, slowly);
 - :meth:`~FaultProxy.cut`: every open connection is reset (TCP RST), and so is every new
-  one as it arrives (the server died).
+  one as it arrives (the server died);
+- :meth:`~FaultProxy.hold_after`: hold once so many more bytes have passed toward the
+  server or the client, i.e. in the middle of an upload or a download.
 
 Held bytes are delivered when the proxy passes again. The proxy is a few threads per
 connection: fine for tests, not for load. Not part of the fastfeed package (``tools/`` is
@@ -103,6 +105,7 @@ class FaultProxy:
         self.stats = ProxyStats()
         self._mode = "pass"
         self._delay, self._chunk = 0.0, 1
+        self._limits: dict[bool, int | None] = {False: None, True: None}  # to_client -> hold at this count
         self._changed = threading.Condition()
         self._closed = False
         self._socks: set[socket.socket] = set()
@@ -144,6 +147,16 @@ class FaultProxy:
             raise ValueError(f"slow(delay={delay}, chunk={chunk}): a delay >= 0 and a chunk >= 1 byte")
         self._delay, self._chunk = float(delay), int(chunk)
         self._set("slow")
+
+    def hold_after(self, *, to_server: int | None = None, to_client: int | None = None) -> None:
+        """Hold (see :meth:`hold`) once ``to_server`` / ``to_client`` more bytes have passed that way.
+
+        The bytes that cross the mark are forwarded only up to it, so a transfer stops in
+        its middle.
+        """
+        with self._changed:
+            self._limits[False] = None if to_server is None else self.stats.to_server + int(to_server)
+            self._limits[True] = None if to_client is None else self.stats.to_client + int(to_client)
 
     def cut(self) -> None:
         """Reset every open connection and each new one (until another mode is set)."""
@@ -257,11 +270,21 @@ class FaultProxy:
                 time.sleep(self._delay)
             else:
                 end = len(data)
-            dst.sendall(data[pos:end])
-            if to_client:
-                self.stats.to_client += end - pos
-            else:
-                self.stats.to_server += end - pos
+            with self._changed:
+                limit = self._limits[to_client]
+                done = self.stats.to_client if to_client else self.stats.to_server
+                if limit is not None:
+                    end = min(end, pos + max(0, limit - done))
+                if to_client:
+                    self.stats.to_client += end - pos
+                else:
+                    self.stats.to_server += end - pos
+                if limit is not None and done + (end - pos) >= limit:
+                    self._limits = {False: None, True: None}
+                    self._mode = "hold"
+                    self._changed.notify_all()
+            if end > pos:
+                dst.sendall(data[pos:end])
             pos = end
         return True
 
