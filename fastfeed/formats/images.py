@@ -118,22 +118,23 @@ def _open(data: bytes) -> Any:
     return Image.open(io.BytesIO(data))
 
 
-#: The starts of libjpeg's warnings that mean damaged data (jerror.h: JWRN_HIT_MARKER,
+#: The texts of libjpeg's warnings that mean damaged data (jerror.h: JWRN_HIT_MARKER,
 #: JWRN_EXTRANEOUS_DATA, JWRN_HUFF_BAD_CODE, JWRN_MUST_RESYNC, JWRN_JPEG_EOF, ...); its other
 #: warnings (an unknown JFIF revision, an Adobe transform code) are harmless.
 _CORRUPT = ("Corrupt JPEG data", "Premature end of JPEG file")
 
 
 def corrupt_jpeg_message(text: str) -> bool:
-    """True when ``text`` (a libjpeg message) says the JPEG's data is damaged.
+    """True when ``text`` (a libjpeg message, maybe behind a prefix such as ``JPEG: ``) says the
+    JPEG's data is damaged.
 
     Example:
-        >>> corrupt_jpeg_message("Corrupt JPEG data: premature end of data segment")
+        >>> corrupt_jpeg_message("JPEG: Corrupt JPEG data: premature end of data segment")
         True
         >>> corrupt_jpeg_message("Warning: unknown JFIF revision number 1.03")
         False
     """
-    return text.lstrip().startswith(_CORRUPT)
+    return any(marker in text for marker in _CORRUPT)
 
 
 def _strict_jpeg(data: bytes | memoryview) -> tuple[bool, str | None]:

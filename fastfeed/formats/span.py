@@ -54,12 +54,12 @@ def check_size(fd: int, need: int, name: str) -> None:
         >>> check_size(fd, 20, "s.bin")
         Traceback (most recent call last):
         ...
-        fastfeed.errors.ShardError: s.bin: the shard is 10 bytes now, 20 when it was opened: it was truncated or rewritten while being read; restore it (or re-run `fastfeed pack`) and start again
+        fastfeed.errors.ShardError: s.bin: the shard is 10 bytes now, 20 when it was checked: it was truncated or rewritten while being read; restore it (or re-run `fastfeed pack`) and start again
         >>> os.close(fd)
     """
     size = os.fstat(fd).st_size
     if size < need:
-        raise ShardError(f"{name}: the shard is {size} bytes now, {need} when it was opened: it was truncated or "
+        raise ShardError(f"{name}: the shard is {size} bytes now, {need} when it was checked: it was truncated or "
                          "rewritten while being read; restore it (or re-run `fastfeed pack`) and start again")
 
 

@@ -416,8 +416,7 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
                  "reader: restore it or re-pack (and report it: it should have been an error)"], [], 0, 0)
 
     if workers > 1 and len(jobs) > 1:
-        outcomes = run_isolated(_verify_shard, jobs, int(workers), names, died,
-                                lambda i: _reported(None, i, len(jobs), progress))
+        outcomes = run_isolated(_verify_shard, jobs, int(workers), died, lambda i: _reported(None, i, len(jobs), progress))
     else:
         outcomes = [_reported(_verify_shard(j), i, len(jobs), progress) for i, j in enumerate(jobs)]
     seen: dict[str, str] = {}

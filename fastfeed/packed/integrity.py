@@ -133,10 +133,10 @@ def sample_problems(path: str, fmt: str, offsets: np.ndarray, sums: np.ndarray, 
         os.close(fd)
 
 
-def run_isolated(fn: Callable[[_T], _R], jobs: Sequence[_T], workers: int, names: Sequence[str],
-                 died: Callable[[int, str], _R], progress: Callable[[int], None] | None = None) -> list[_R]:
+def run_isolated(fn: Callable[[_T], _R], jobs: Sequence[_T], workers: int, died: Callable[[int, str], _R],
+                 progress: Callable[[int], None] | None = None) -> list[_R]:
     """``[fn(job) for job in jobs]`` in ``workers`` processes, in order; a job whose process dies
-    gives ``died(i, why)`` instead (``names[i]`` in the message).
+    gives ``died(i, why)`` instead (``why``: ``killed by SIGBUS``, ``exit code 1``, ...).
 
     When a process of the pool dies, every job still in flight fails with it; those are run
     again one at a time, each in a process of its own, so the one that kills its process is

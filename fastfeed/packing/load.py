@@ -121,5 +121,6 @@ def _with_restarts(data: bytes, m: Member) -> bytes:
         return roi.add_restarts(data)
     except ValueError as e:
         if corrupt_jpeg_message(str(e)):
-            raise Problem(BadFileError, m.path or "", f"damaged JPEG data (libjpeg: {e})", _REFETCH) from None
+            why = f"damaged JPEG data (libjpeg: {str(e).removeprefix('JPEG: ')})"
+            raise Problem(BadFileError, m.path or "", why, _REFETCH) from None
         return data

@@ -111,7 +111,7 @@ def test_tar_shard_that_shrinks_under_the_reader_is_a_shard_error(tmp_path: Path
     assert r.read(*spans[-1])["__key__"] == "k005"
     os.truncate(p, spans[2][0])
     with pytest.raises(ShardError, match=rf"shard-7.tar: the shard is {spans[2][0]} bytes now, {size} when it was "
-                                         "opened: it was truncated"):
+                                         "checked: it was truncated"):
         r.read(*spans[-1])
     r.close()
 
@@ -148,7 +148,7 @@ def test_lmdb_shard_that_shrinks_under_the_reader_is_a_shard_error(tmp_path: Pat
     r = LmdbShardReader(p, name="shard-3.lmdb")
     assert r.read(39)["__key__"] == "k039"
     os.truncate(p, os.path.getsize(p) // 2)
-    with pytest.raises(ShardError, match="shard-3.lmdb: the shard is .* bytes now, .* when it was opened"):
+    with pytest.raises(ShardError, match="shard-3.lmdb: the shard is .* bytes now, .* when it was checked"):
         r.read(39)
     r.close()
 
