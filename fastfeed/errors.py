@@ -151,12 +151,17 @@ class MissingDependencyError(FastfeedError, ImportError):
 
 
 def missing_dependency(module: str, extra: str, purpose: str) -> MissingDependencyError:
-    """Build the error for a missing optional dependency, with the install line.
+    """Build the error for a missing optional dependency, with the install lines.
+
+    Both lines work where fastfeed was installed from its clone (README.md's ``pip install .``;
+    fastfeed is on no package index): ``pip install 'fastfeed[EXTRA]'`` takes the installed
+    fastfeed and adds the extra's packages, ``pip install '.[EXTRA]'`` runs in the clone.
 
     Example:
-        >>> str(missing_dependency("tokenizers", "text", "--tokenizer")).splitlines()[0]
-        "--tokenizer need the 'tokenizers' module: pip install 'fastfeed[text]'"
+        >>> print(missing_dependency("tokenizers", "text", "--tokenizer"))
+        --tokenizer need the 'tokenizers' module: pip install 'fastfeed[text]' (adds the 'text' extra to the installed fastfeed), or in the fastfeed clone: pip install '.[text]'
     """
     return MissingDependencyError(
-        f"{purpose} need the '{module}' module: pip install 'fastfeed[{extra}]'"
+        f"{purpose} need the '{module}' module: pip install 'fastfeed[{extra}]' (adds the '{extra}' extra to the "
+        f"installed fastfeed), or in the fastfeed clone: pip install '.[{extra}]'"
     )

@@ -1,6 +1,7 @@
 """Which JPEG decode path the CPU decoder takes on this install, said once in one log line.
 
-Three paths, best first (issue 17: ``pip install fastfeed`` must give the first):
+Three paths, best first (a plain ``pip install .`` from the clone gives the first where a C compiler and
+libjpeg-turbo's headers are present):
 
 - ``region``: simplejpeg + OpenCV (core dependencies) and the C extension
   ``fastfeed._jpegroi``: every JPEG crop decodes only its region; restart-marked JPEGs
@@ -58,8 +59,12 @@ def turbo_available() -> bool:
 _COST_PY_CUT = "about 1.3x"
 _COST_FULL = "about 1.6x"
 _COST_PILLOW = "about 3x"
-_BUILD_FIX = ("reinstall with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: apt-get install gcc "
-              "libturbojpeg0-dev; then pip install --force-reinstall --no-deps --no-binary fastfeed fastfeed)")
+# How to get the extension built: the headers that fastfeed/_jpegroi.c includes (jpeglib.h; Debian's
+# libturbojpeg0-dev has only turbojpeg.h), then a rebuild from the clone (fastfeed is on no index).
+_BUILD_FIX = ("to build it, install a C compiler and libjpeg-turbo's headers (Debian: apt-get install gcc "
+              "libjpeg62-turbo-dev; Ubuntu: apt-get install gcc libjpeg-turbo8-dev; libturbojpeg0-dev has no "
+              "jpeglib.h), then reinstall from the fastfeed clone: pip install --no-deps --force-reinstall . "
+              "(pip install --no-deps -e . for an editable install)")
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,10 @@ def add_restarts(data: bytes | memoryview) -> bytes:
     """
     m = _module()
     if m is None:
-        raise RuntimeError("fastfeed._jpegroi is not built: reinstall fastfeed from source with a C compiler "
-                           "and libjpeg-turbo's headers (apt-get install libturbojpeg0-dev)")
+        raise RuntimeError("fastfeed._jpegroi is not built: install a C compiler and libjpeg-turbo's headers "
+                           "(Debian: apt-get install gcc libjpeg62-turbo-dev; Ubuntu: apt-get install gcc "
+                           "libjpeg-turbo8-dev), then reinstall from the fastfeed clone: pip install --no-deps "
+                           "--force-reinstall . (pip install --no-deps -e . for an editable install)")
     out: bytes = m.add_restarts(data)
     return out
 
