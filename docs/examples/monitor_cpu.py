@@ -1,10 +1,12 @@
 """Where did the step go? A small CNN trained on the CPU under fastfeed.StepMonitor, in one process or many.
 
     python docs/examples/monitor_cpu.py DATASET [--epochs 2] [--html monitor.html] [--jsonl monitor.jsonl]
-    torchrun --nproc-per-node 2 docs/examples/monitor_cpu.py DATASET --html monitor.html   # gloo ranks
+    torchrun --standalone --nproc-per-node 2 docs/examples/monitor_cpu.py DATASET --html monitor.html   # gloo ranks
 
 Rank 0 logs one line every ``--every`` steps and, at the end, the verdict and its fix; every rank
-gets the same report. ``tests/test_docs.py`` runs it on a tiny generated dataset.
+gets the same report. The model has one output per class of the dataset's index.
+``tests/test_docs.py`` runs it on the demo data that ``docs/guides/monitor.md`` names
+(``python -m tools.demo``).
 """
 
 import argparse
@@ -23,10 +25,15 @@ def train(dataset: str, *, epochs: int = 2, every: int = 10, workers: int = 1, s
     """Train; return the monitor's report. ``step_ms`` adds that much work to every step (a heavier model)."""
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():   # under torchrun
         dist.init_process_group("gloo")
+    classes = fastfeed.DatasetIndex.load(dataset).classes   # the labels' names, as packed
+    if not classes:
+        raise SystemExit(f"{dataset}: the index records no classes; this example trains a classifier "
+                         "on labelled images (an ImageFolder, packed)")
     dl = fastfeed.loader(dataset, batch_size=8, image_size=32, num_workers=workers, seed=0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(),
                                 torch.nn.Conv2d(16, 32, 3, stride=2), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(32, len(classes)))   # one output per class
     if dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

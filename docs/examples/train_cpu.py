@@ -3,7 +3,9 @@
     python docs/examples/train_cpu.py DATASET [--epochs 2] [--ckpt ckpt.pt]
 
 Kill it at any step and run the same command again: it continues at the next batch, in the
-same order. ``tests/test_docs.py`` runs it on a tiny generated dataset.
+same order. The model has one output per class of the dataset's index (the folders of an
+ImageFolder). ``tests/test_docs.py`` runs it on the demo data that ``docs/examples/train_cpu.md``
+names (``python -m tools.demo``).
 """
 
 import argparse
@@ -16,10 +18,14 @@ import fastfeed
 
 def train(dataset: str, ckpt: str, epochs: int = 2, stop_after: int | None = None) -> list[str]:
     """Train; save ``ckpt`` after every step; return the keys seen. ``stop_after`` simulates a crash."""
+    classes = fastfeed.DatasetIndex.load(dataset).classes   # the labels' names, as packed
+    if not classes:
+        raise SystemExit(f"{dataset}: the index records no classes; this example trains a classifier "
+                         "on labelled images (an ImageFolder, packed)")
     dl = fastfeed.loader(dataset, batch_size=8, image_size=32, num_workers=0, seed=0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.LazyLinear(10))
-    model(torch.zeros(1, 3, 32, 32))                 # materialise the lazy layer before loading weights
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(8, len(classes)))   # one output per class
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     start, seen = 0, []
     if os.path.exists(ckpt):
