@@ -194,7 +194,7 @@ def run_benchmark(bench: Benchmark, argv: Sequence[str]) -> int:
     reports = [r for r in reports if r]  # a rank other than 0, a command that only prints
     if not reports:
         return rc
-    path = args.json or BENCH_DATA / "results" / f"{bench.name}.json"
+    path = Path(args.json) if args.json else BENCH_DATA / "results" / f"{bench.name}.json"
     write_json(path, reports[0] if len(reports) == 1 else reports)
     lines = [json.dumps(r, sort_keys=True, default=str) for r in reports]
     if max(map(len, lines)) > RESULT_LINE:  # it would push the table out of a log's tail (a GPU run's answer)
