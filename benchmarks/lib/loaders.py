@@ -1,9 +1,9 @@
 """Every ``fastfeed.loader`` the benchmarks build, through one function.
 
 :func:`fastfeed_loader` is the only place in ``benchmarks/`` that spells the loader's keyword
-arguments: when the loader's options move (they are being grouped into objects such as
-``fastfeed.Workers(prefetch_factor=...)`` and ``fastfeed.Dali(num_threads=...)``, the former
-spellings kept for a release with a ``FutureWarning``), this module is the one to change.
+arguments: :func:`loader_kwargs` names them flat, :func:`grouped` puts them in the loader's
+groups (``fastfeed.Workers(prefetch_factor=...)``, ``fastfeed.Dali(num_threads=...)``) through
+the loader's own mapping, so a benchmark never meets a former spelling's ``FutureWarning``.
 The benchmarks name their settings in their own words (``workers``, ``prefetch``, ``dali``);
 settings left out are the loader's defaults, so a benchmark measures what a user gets.
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["DALI_KNOBS", "epochs", "fastfeed_loader", "fastfeed_options", "loader_kwargs", "option_value", "shutdown"]
+__all__ = ["DALI_KNOBS", "epochs", "fastfeed_loader", "fastfeed_options", "grouped", "loader_kwargs", "option_value",
+           "shutdown"]
 
 #: the DALI settings a benchmark may pass in ``dali=`` (the loader's own names for them)
 DALI_KNOBS = ("num_threads", "hw_decoder_load", "prefetch_queue_depth", "num_pipelines")
@@ -30,7 +31,7 @@ def loader_kwargs(
     workers: int | None = None, prefetch: int | None = None, pin_memory: bool | None = None,
     shuffle: bool | None = None, seed: int | None = None, drop_last: bool | None = None,
     augment: bool | None = None, rank: int | None = None, world_size: int | None = None,
-    decode_backend: str | None = None, device_id: int | None = _UNSET, dali: Mapping[str, Any] | None = None,
+    decode_backend: str | None = None, device_id: int | None = _UNSET, dali: Mapping[str, Any] | Any = None,
     seq_len: int | None = None, pad_multiple: int | None = None, batch_sampler: Any = None,
     cache_dir: str | os.PathLike[str] | None = None, storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -45,7 +46,8 @@ def loader_kwargs(
         pin_memory: page-locked batches (for a copy to the GPU).
         decode_backend: the CPU decoder (``"turbo"``, ``"pillow"``).
         device_id: the GPU of ``decode="dali"`` (None: DALI on the CPU).
-        dali: DALI's settings, by the names of :data:`DALI_KNOBS`.
+        dali: DALI's settings, by the names of :data:`DALI_KNOBS`; or a ``fastfeed.Dali`` (the loader's
+            own group, passed as it is: ``fastfeed.Dali(device_id=None)`` runs DALI on the CPU).
         pad_multiple: pad token batches to a multiple of this.
         cache_dir, storage_options: where remote shards are cached, how they are reached.
 
@@ -56,6 +58,9 @@ def loader_kwargs(
         >>> loader_kwargs(batch_size=64, workers=0, prefetch=2)
         {'batch_size': 64, 'num_workers': 0, 'decode': 'cpu', 'prefetch_factor': None}
     """
+    group = None
+    if dali is not None and not isinstance(dali, Mapping):  # a fastfeed.Dali
+        group, dali = dali, None
     unknown = sorted(set(dali or {}) - set(DALI_KNOBS))
     if unknown:
         raise ValueError(f"dali={dict(dali or {})}: unknown {unknown}; the knobs are {', '.join(DALI_KNOBS)}")
@@ -70,6 +75,8 @@ def loader_kwargs(
         kw["prefetch_factor"] = prefetch if workers else None  # never with num_workers=0
     if device_id is not _UNSET:
         kw["device_id"] = device_id
+    if group is not None:
+        kw["dali"] = group
     return kw
 
 
@@ -77,14 +84,27 @@ def fastfeed_loader(path: str | os.PathLike[str], **settings: Any) -> Any:
     """``fastfeed.loader(path, ...)`` with the settings of :func:`loader_kwargs`."""
     import fastfeed
 
-    return fastfeed.loader(str(path), **loader_kwargs(**settings))
+    return fastfeed.loader(str(path), **grouped(loader_kwargs(**settings)))
 
 
 def fastfeed_options(**settings: Any) -> Any:
     """The loader's validated options for the settings of :func:`loader_kwargs` (no dataset opened)."""
     from fastfeed.loading.options import loader_options
 
-    return loader_options(**loader_kwargs(**settings))
+    return loader_options(**grouped(loader_kwargs(**settings)))
+
+
+def grouped(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` in the loader's grouped spelling (``prefetch_factor=2`` -> ``workers=fastfeed.Workers(...)``),
+    so no benchmark meets the former spellings' FutureWarning.
+
+    Example:
+        >>> grouped({"num_workers": 2, "prefetch_factor": 2})
+        {'num_workers': 2, 'workers': Workers(prefetch_factor=2)}
+    """
+    from fastfeed.loading.options import as_keywords
+
+    return as_keywords(kwargs)
 
 
 def option_value(options: Any, name: str) -> Any:
