@@ -212,9 +212,12 @@ def doctor(
         json: also write the report as JSON to this file.
         report: also write a self-contained HTML report to this file.
         on_stage: called with every stage as it is measured (progress).
-        prefetch_factor, storage_options, loader_kwargs: former spellings of
-            ``workers=Workers(prefetch_factor=)``, ``storage=Storage(options=)`` and of the
-            options above as one dict (each with a ``FutureWarning``).
+        prefetch_factor: the former spelling of ``workers=Workers(prefetch_factor=)`` (a
+            ``FutureWarning``).
+        storage_options: the former spelling of ``storage=Storage(options=)`` (a
+            ``FutureWarning``).
+        loader_kwargs: the former spelling of the loader options above, as one dict (a
+            ``FutureWarning``).
 
     Returns:
         A :class:`DoctorReport`; ``report.bottleneck`` names the main finding.

@@ -113,7 +113,8 @@ class MonitorReport:
         shares: each category's share of step time (``data``, ``compute``, ``collective``,
             ``wait``, ``other``), over all ranks; they add up to 1.
         per_rank: the same for each rank.
-        slowest_rank: the rank the others waited for most; slowest_host: its host.
+        slowest_rank: the rank the others waited for most.
+        slowest_host: the host of ``slowest_rank``.
         slowest_same: whether it was also the slowest of the window before the last (None:
             one window).
         stage: the limiting input stage (``storage``, ``decode``, ``workers``, ``transfer``,
@@ -122,10 +123,15 @@ class MonitorReport:
         bus_gb_s: achieved bus bandwidth of the gradient all-reduce, GB/s (timed collectives).
         signals: scheduling signals (periodic long steps, CPU oversubscription, memory pressure).
         notes: what limits these figures (collectives not timed, a rank that did not answer, ...).
-        steps: steps attributed (the first one, start-up, is left out); world_size; hosts: per rank.
-        step_s: mean seconds per step; samples_per_s: over all ranks (None: not counted);
+        steps: steps attributed (the first one, start-up, is left out).
+        world_size: the ranks.
+        hosts: the host of each rank.
+        step_s: mean seconds per step.
+        samples_per_s: samples per second over all ranks (None: not counted).
         startup_s: the first step's wait for its batch.
-        every, accumulation: the monitor's settings; watched: collectives were timed.
+        every: the monitor's steps per window.
+        accumulation: the monitor's batches per optimizer step.
+        watched: whether collectives were timed (``StepMonitor.watch``).
         windows: every window gathered, in order.
         timeline: the per-rank stacked timeline.
         figures: the attribution's figures (imbalance, gain, critical data share, ...).

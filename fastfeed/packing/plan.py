@@ -56,11 +56,13 @@ class ShardPlan:
     """One shard to write: its number, file name and units in file order (samples, or blocks of rows).
 
     Attributes:
-        number, name: the shard.
+        number: the shard's number.
+        name: the shard's file name.
         units: the source's units it holds, in file order.
         rows: samples planned (a block holds many).
         raw: per sample, whether its image is stored as pixels (``--store raw|mixed:P``); empty: none is.
-        files, nbytes: source files and bytes its units read (progress).
+        files: source files its units read (progress).
+        nbytes: source bytes its units read (progress).
     """
 
     number: int

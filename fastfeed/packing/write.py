@@ -61,23 +61,28 @@ class ShardResult:
     """What writing one shard produced; plain data (picklable, JSON-able).
 
     Attributes:
-        number, name: the shard, as planned.
+        number: the shard's number, as planned.
+        name: the shard's file name, as planned.
         samples: samples written (planned minus those skipped while writing).
-        bytes, sha256: the shard file's size and checksum.
+        bytes: the shard file's size.
+        sha256: the shard file's sha256.
         offsets: per written sample (offset, size) for tar, (record, 0) for LMDB.
         labels: per written sample class index (-1 when none).
         lengths: per written sample ``--length``, or None.
         skipped: inputs left out while writing (``on_error="skip"``).
         fields: the member fields seen in this shard, sorted.
-        dali_index, dali_sha256: the DALI index file next to a tar shard, or None.
+        dali_index: the DALI index file next to a tar shard, or None.
+        dali_sha256: that file's sha256, or None.
         fingerprint: identity of the shard's inputs (for reuse on resume).
         shapes: with ``--store raw|mixed:P``, per written sample the (height, width) of its
             pixels, ``(0, 0)`` for one stored encoded; else empty.
-        raw_bytes, encoded_bytes: bytes of the pixels written, and of the image files they
-            were decoded from.
-        files_read, bytes_read: source files and bytes read.
-        checksum, checksums: the algorithm (:mod:`fastfeed.formats.checksum`) and, per written
-            sample, the checksum of the bytes its reader reads (``index.json``'s ``checksums``).
+        raw_bytes: bytes of the pixels written.
+        encoded_bytes: bytes of the image files those pixels were decoded from.
+        files_read: source files read.
+        bytes_read: source bytes read.
+        checksum: the per-sample checksum's algorithm (:mod:`fastfeed.formats.checksum`).
+        checksums: per written sample, the checksum of the bytes its reader reads
+            (``index.json``'s ``checksums``).
         reused: True when an earlier run's complete shard was kept.
     """
 
