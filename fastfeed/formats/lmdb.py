@@ -373,5 +373,5 @@ def _key_of(buf: bytes | memoryview) -> str:
     """The key of a record, for messages (empty when the record is too damaged to say)."""
     try:
         return str(decode_sample(buf)["__key__"])
-    except (SampleError, KeyError, AttributeError):
+    except (SampleError, KeyError, AttributeError, UnicodeDecodeError):
         return ""

@@ -265,8 +265,8 @@ class Storage:
         check=_retries)
     verify: bool = option(
         True, "check every sample read against the checksum `fastfeed pack` recorded (a mismatch is a SampleError "
-              "naming shard and key, or a counted skip with on_error='skip'); False: read unchecked (saves ~0.5% of "
-              "the CPU per image)", check=as_bool)
+              "naming shard and key, or a counted skip with on_error='skip'); False: read unchecked (saves ~1% of the "
+              "CPU per image)", check=as_bool)
 
 
 def _pad_id(value: Any, name: str) -> int | None:

@@ -127,7 +127,7 @@ def _checksums(plan: PackPlan, keep: Sequence[ShardResult]) -> tuple[str, np.nda
                                      f"{r.samples} samples; run the same `fastfeed pack` again to rewrite it")
     if algorithms[0] == "crc32":
         log.warning("%s: the samples' checksums are CRC32: the xxhash package is not installed here, so checking "
-                    "them on read costs ~3%% of the loader's CPU per image instead of ~1%% with XXH3; pip install "
+                    "them on read costs ~3-4%% of the loader's CPU per image instead of ~1%% with XXH3; pip install "
                     "xxhash, then pack again with --overwrite to change them", show(plan.dst))
     return algorithms[0], np.array([c for r in keep for c in r.checksums], dtype=np.uint64)
 
