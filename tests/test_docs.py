@@ -1,6 +1,6 @@
 """The docs cannot rot: every example runs on the data its page names, with the results the page
-shows; the API reference lists every public name at its defining module. (`make test` also runs
-`mkdocs build --strict`; what the built site must look like is checked in ``test_site_*``.)
+shows; the API reference lists every public name at its defining module; the built site reads as
+written (``test_site_*``: one ``mkdocs build --strict``, then what can be asserted on its pages).
 
 - The example scripts (``docs/examples/``) run as their pages' commands say, on the data the
   pages' own ``python -m tools.demo ...`` line makes (its data and pack steps: tuning and the
@@ -355,3 +355,60 @@ def test_api_reference_lists_every_public_name_at_its_module() -> None:
     assert sorted(name for _, name in listed) == sorted(fastfeed._EXPORTS)
     for module, name in listed:
         assert fastfeed._EXPORTS[name] == module, f"{name} is defined in {fastfeed._EXPORTS[name]}"
+
+
+# ------------------------------------------------------------------------------- the built site
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once as ``make docs`` builds it (``--strict``), into a temporary folder."""
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    out = tmp_path_factory.mktemp("site")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    assert "WARNING" not in log and "Formatting signatures requires" not in log, log[-5000:]
+    return out
+
+
+def _pages(site: Path) -> dict[str, str]:
+    return {str(p.relative_to(site)): p.read_text() for p in site.rglob("*.html") if "404" not in p.name}
+
+
+def _prose(html: str) -> str:
+    """A page without its code blocks (where ``\\|`` and ``:func:`` may be what the code says)."""
+    return re.sub(r"<pre\b.*?</pre>", "", html, flags=re.S)
+
+
+def test_site_shows_no_raw_sphinx_roles_nor_escaped_pipes(site: Path) -> None:
+    for name, html in _pages(site).items():
+        text = _prose(html)
+        assert not re.search(r":(?:func|class|mod|meth|data|attr|exc|obj):(?:<code>|`)", text), name
+        assert "\\|" not in text, f"{name}: a literal \\| (a table cell's escaped pipe)"
+
+
+def test_site_needs_no_internet(site: Path) -> None:
+    """No script or stylesheet from a CDN (highlight.js was one): the code is coloured at build time."""
+    for name, html in _pages(site).items():
+        assert not re.search(r"<(?:script|link)\b[^>]*(?:src|href)=\"(?:https?:)?//", html), name
+    guide = (site / "guides" / "loading" / "index.html").read_text()
+    assert '<span class="kn">import</span>' in guide  # Pygments' classes, styled by css/pygments.css
+    assert (site / "css" / "pygments.css").is_file() and (site / "css" / "fastfeed.css").is_file()
+
+
+def test_site_api_reference_reads_well(site: Path) -> None:
+    ref = (site / "reference" / "loading" / "index.html").read_text()
+    signature = re.search(r'<div class="[^"]*doc-signature[^"]*"><pre>(.*?)</pre>', ref, flags=re.S)[1]
+    assert re.sub(r"<[^>]+>", "", signature).strip().startswith("loader(\n")  # ruff's: a line a parameter
+    for name, html in _pages(site).items():
+        if name.startswith("reference"):  # grouped entries ("rank, world_size: ...") are split
+            assert not re.search(r"<td>\s*<code>\w+,\s*\w+</code>", html), name
+    # roles became links: loader() in Loader's docstring leads to the function
+    assert re.search(r'<a class="autorefs autorefs-internal"[^>]* href="#fastfeed.loading.api.loader"><code>loader\(\)'
+                     r'</code></a>', ref)
+
+
+def test_site_lists_after_a_paragraph_line_are_lists(site: Path) -> None:
+    """benchmarks/RESULTS.md, included by results.md, lists its machines right below "Machines:"."""
+    results = (site / "results" / "index.html").read_text()
+    assert re.search(r"<li><strong>h200</strong>", results)

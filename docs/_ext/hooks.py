@@ -11,6 +11,10 @@ relies on:
 
 One preprocessor, run after ``pymdownx.snippets`` has inserted the included files, brings the
 two in line; fenced code is left alone.
+
+And in the built pages, the code in a table cell breaks only between its words, never at the
+hyphens of a flag (``--fail-if-input-`` / ``bound``): each word of it goes into a
+``<span class="nobreak">`` (css/fastfeed.css), so the text a reader copies stays the same.
 """
 
 from __future__ import annotations
@@ -65,3 +69,24 @@ class GithubMarkdown(Extension):
 def on_config(config: Any, **kwargs: Any) -> Any:
     config.markdown_extensions.append(GithubMarkdown())
     return config
+
+
+_TABLE = re.compile(r"<table\b.*?</table>", flags=re.S)
+_CELL_CODE = re.compile(r"<code>([^<]+)</code>")  # plain code (a type with links has tags: left as it is)
+
+
+def keep_words(html: str) -> str:
+    """``html`` with each word of the code in its tables' cells kept on one line.
+
+    Example:
+        >>> keep_words("<table><td><code>--batch-size B</code></td></table><code>a-b</code>")
+        '<table><td><code><span class="nobreak">--batch-size</span> <span class="nobreak">B</span></code></td></table><code>a-b</code>'
+    """
+    def code(m: re.Match[str]) -> str:
+        return "<code>" + re.sub(r"(\S+)", r'<span class="nobreak">\1</span>', m[1]) + "</code>"
+
+    return _TABLE.sub(lambda t: _CELL_CODE.sub(code, t[0]), html)
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    return keep_words(html)
