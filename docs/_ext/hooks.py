@@ -12,9 +12,9 @@ relies on:
 One preprocessor, run after ``pymdownx.snippets`` has inserted the included files, brings the
 two in line; fenced code is left alone.
 
-And in the built pages, the code in a table cell breaks only between its words, never at the
-hyphens of a flag (``--fail-if-input-`` / ``bound``): each word of it goes into a
-``<span class="nobreak">`` (css/fastfeed.css), so the text a reader copies stays the same.
+And in the built pages, inline code breaks only between its words, never at the hyphens of a
+flag (``--fail-if-input-`` / ``bound``): each word of it goes into a ``<span class="nobreak">``
+(css/fastfeed.css), so the text a reader copies stays the same. Code blocks are left alone.
 """
 
 from __future__ import annotations
@@ -71,21 +71,21 @@ def on_config(config: Any, **kwargs: Any) -> Any:
     return config
 
 
-_TABLE = re.compile(r"<table\b.*?</table>", flags=re.S)
-_CELL_CODE = re.compile(r"<code>([^<]+)</code>")  # plain code (a type with links has tags: left as it is)
+_PRE = re.compile(r"(<pre\b.*?</pre>)", flags=re.S)
+_CODE_SPAN = re.compile(r"<code>([^<]+)</code>")  # plain code (a type with links has tags: left as it is)
 
 
 def keep_words(html: str) -> str:
-    """``html`` with each word of the code in its tables' cells kept on one line.
+    """``html`` with each word of its inline code kept on one line (code blocks untouched).
 
     Example:
-        >>> keep_words("<table><td><code>--batch-size B</code></td></table><code>a-b</code>")
-        '<table><td><code><span class="nobreak">--batch-size</span> <span class="nobreak">B</span></code></td></table><code>a-b</code>'
+        >>> keep_words("<p><code>--batch-size B</code></p><pre><code>a-b c</code></pre>")
+        '<p><code><span class="nobreak">--batch-size</span> <span class="nobreak">B</span></code></p><pre><code>a-b c</code></pre>'
     """
     def code(m: re.Match[str]) -> str:
         return "<code>" + re.sub(r"(\S+)", r'<span class="nobreak">\1</span>', m[1]) + "</code>"
 
-    return _TABLE.sub(lambda t: _CELL_CODE.sub(code, t[0]), html)
+    return "".join(part if part.startswith("<pre") else _CODE_SPAN.sub(code, part) for part in _PRE.split(html))
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:
