@@ -18,6 +18,7 @@ import pytest
 
 from fastfeed.errors import RemoteError
 from fastfeed.storage import remote
+from fastfeed.storage import retry as retry_mod
 from fastfeed.storage.remote import open_remote, open_shard, read_bytes
 from fastfeed.storage.retry import RetryPolicy, policy_of
 from fastfeed.storage.shardlist import expand_shards
@@ -29,6 +30,12 @@ TIMEOUT, RETRIES = 0.5, 1
 #: the most a call may take: its attempts, each one timeout, the backoff between them (at most
 #: 1 s), s3fs's 0.1 s pause after a failed request, and room for a busy 2-core machine
 BOUND = RetryPolicy(attempts=RETRIES + 1, timeout=TIMEOUT).bound() + 0.5 + 3.0
+
+
+@pytest.fixture(autouse=True)
+def short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits between attempts (1 s, doubling) cut to 50 ms: the timeouts stay real, the test short."""
+    monkeypatch.setattr(retry_mod, "_sleep", lambda s: time.sleep(min(s, 0.05)))
 
 
 @pytest.fixture

@@ -158,10 +158,14 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
         batches: Iterator[dict[str, Any]] = super().__iter__()
         if self.watchdog is not None:
-            batches = self.watchdog.watch(batches, p.epoch, p.start)
+            batches = self.watchdog.watch(batches, p.epoch, p.start, reset=self._new_workers)
         elif self.timeout:
             batches = _timed_out_as_stall(batches, self.timeout)
         return self.stats.track(batches, _batch_size, self._pop_extras)
+
+    def _new_workers(self) -> None:
+        """The next pass starts new workers (the watchdog ended a stall by killing these)."""
+        self._iterator = None  # DataLoader keeps persistent workers' iterator here
 
     def _pop_extras(self, batch: dict[str, Any]) -> tuple[int, list[str]]:
         """Move the batch's worker timings into ``stats``; return its skips."""

@@ -18,9 +18,14 @@ word. The watchdog makes such a stall visible and, if asked, an error:
 
 With ``Workers(on_stall="raise")`` the DataLoader's own timeout is set to
 ``stall_timeout`` and its ``DataLoader timed out`` becomes a
-:class:`~fastfeed.errors.StallError` with the same diagnosis. With ``num_workers=0`` the
-loop reads in its own thread, which nothing can interrupt: the watchdog logs, and remote
-reads end on their own bound (``Storage(timeout=, retries=)``).
+:class:`~fastfeed.errors.StallError` with the same diagnosis. One wait no timeout of
+PyTorch's covers: a worker stopped right after it sent a batch leaves the loop inside the
+receive, asking the stopped process for the batch's shared memory (PyTorch's
+file-descriptor sharing). Past ``stall_timeout`` (and a second) the watchdog then kills
+the stopped workers, which ends the receive, and the loop raises the same StallError. With
+``num_workers=0`` the loop reads in its own thread, which nothing can interrupt: the
+watchdog logs, and remote reads end on their own bound (``Storage(timeout=, retries=)``).
+A loader that raised a StallError has lost a worker: build a new one to go on.
 
 The log line, as it prints (``fastfeed.loading.cpu.watchdog``, WARNING)::
 
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -61,6 +67,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two warnings of one stall that lasts.
 REPEAT_S = 300.0
+#: Raise mode: seconds past ``stall_timeout`` before the watchdog ends a wait the DataLoader's
+#: timeout could not (see :meth:`Watchdog._end_stall`).
+_GRACE_S = 1.0
 
 # the columns of a worker's row
 _PID, _PHASE, _SINCE, _EPOCH, _BATCH, _DATASET, _SHARD = range(7)
@@ -280,6 +289,7 @@ class Stall:
     culprit: WorkerState | None
     others: tuple[WorkerState, ...]
     main_process: bool  # num_workers=0: the loop reads itself
+    raising: bool = False  # on_stall="raise": this becomes the error
 
     def message(self, *, now: float | None = None, wall: float | None = None) -> str:
         """The one-line report (see the module docstring)."""
@@ -293,20 +303,33 @@ class Stall:
         else:
             parts.append("no worker has reported yet")
         parts += [f"worker {o.row.worker} (pid {o.row.pid}) {o.describe(now, wall)}" for o in self.others]
-        fix = ("remote reads end after Storage(timeout=, retries=)" if self.main_process
-               else "Workers(on_stall='raise') makes this an error, stall_timeout= sets the wait")
+        if self.main_process:
+            fix = "remote reads end after Storage(timeout=, retries=)"
+        elif self.raising:
+            fix = "Workers(stall_timeout=) sets the wait"
+        else:
+            fix = "Workers(on_stall='raise') makes this an error, stall_timeout= sets the wait"
         return "; ".join(parts) + "; " + fix
 
-    def error(self) -> StallError:
-        """The :class:`StallError` of this stall."""
+    @property
+    def stopped(self) -> list[WorkerState]:
+        """The workers in state T (stopped): nothing but a signal moves them."""
+        return [w for w in (self.culprit, *self.others) if w is not None and w.state == "T"]
+
+    def error(self, *, killed: bool = False) -> StallError:
+        """The :class:`StallError` of this stall (``killed``: the watchdog killed the workers to end it)."""
         c = self.culprit
-        return StallError(self.message(), worker=None if c is None or self.main_process else c.row.worker,
+        text = self.message()
+        if killed:
+            text += ("; the loader's workers were killed to end it (a stopped one blocks PyTorch's receive and "
+                     "shutdown): the next pass starts new ones")
+        return StallError(text, worker=None if c is None or self.main_process else c.row.worker,
                           pid=None if c is None else c.row.pid, state="" if c is None else c.verdict(),
                           shard="" if c is None else c.shard_name, waited=self.waited)
 
 
 def diagnose(slots: WorkerSlots, *, waited: float, received: int, where: str, num_workers: int,
-             shard_name: Callable[[int, int], str]) -> Stall:
+             shard_name: Callable[[int, int], str], raising: bool = False) -> Stall:
     """Read the slots and the workers' states: who holds the loop up.
 
     The loop waits for its ``received``-th batch of the pass, which the round-robin hands
@@ -320,12 +343,12 @@ def diagnose(slots: WorkerSlots, *, waited: float, received: int, where: str, nu
         name = shard_name(row.dataset, row.shard) if row.shard >= 0 else ""
         states.append(WorkerState(row, process_state(row.pid), name))
     if not states:
-        return Stall(waited, where, None, (), num_workers == 0)
+        return Stall(waited, where, None, (), num_workers == 0, raising)
     awaited = received % max(1, num_workers)
     stuck = [s for s in states if s.stuck]
     culprit = stuck[0] if stuck else next((s for s in states if s.row.worker == awaited), states[0])
     others = tuple(s for s in states if s is not culprit)
-    return Stall(waited, where, culprit, others, num_workers == 0)
+    return Stall(waited, where, culprit, others, num_workers == 0, raising)
 
 
 # ---------------------------------------------------------------------- the watchdog
@@ -347,6 +370,8 @@ class Watchdog:
         self.num_workers, self.shard_name = num_workers, shard_name
         self.stalls = 0  # stalls reported (log mode)
         self._asked = 0.0  # time.monotonic() when the loop asked for the batch it waits for; 0: not waiting
+        self._reported = 0.0  # the _asked of the wait the thread reported as a stall (0: none)
+        self._pending: StallError | None = None  # raise mode: the error of a stall the thread had to end
         self._received = 0
         self._where = ""
         self._thread: threading.Thread | None = None
@@ -357,10 +382,14 @@ class Watchdog:
         """The DataLoader ``timeout`` that raise mode needs (0: none)."""
         return self.stall_timeout if self.on_stall == "raise" and self.num_workers > 0 else 0.0
 
-    def watch(self, it: Iterator[Any], epoch: int, start: int) -> Iterator[Any]:
-        """Yield ``it``'s batches, marking each wait (a timestamp per batch)."""
-        if self.on_stall == "log" or self.num_workers == 0:
-            self._start()
+    def watch(self, it: Iterator[Any], epoch: int, start: int,
+              reset: Callable[[], None] | None = None) -> Iterator[Any]:
+        """Yield ``it``'s batches, marking each wait (a timestamp per batch).
+
+        ``reset``: called when the watchdog had to kill workers to end a stall (raise mode),
+        after ``it``'s workers were shut down, so that the next pass starts fresh ones.
+        """
+        self._start()
         if self.num_workers == 0:
             self.slots.slot(0).claim()
         self._received, self._where = 0, f"epoch {epoch}, batch {start} of this pass"
@@ -372,21 +401,37 @@ class Watchdog:
                     batch = next(it)
                 except StopIteration:
                     return
-                except RuntimeError as e:
-                    if str(e).startswith("DataLoader timed out"):
-                        raise self.stall(clock() - self._asked).error() from e
-                    raise
+                except Exception as e:  # what a stall ended in becomes the StallError it is
+                    pending, self._pending = self._pending, None
+                    if pending is not None:  # the thread killed the workers to end the wait
+                        _shut_down(it)
+                        if reset is not None:
+                            reset()
+                        raise pending from e
+                    if not (isinstance(e, RuntimeError) and str(e).startswith("DataLoader timed out")):
+                        raise
+                    stall = self.stall(clock() - self._asked)
+                    if not (stall.stopped and self._kill(stall)):
+                        raise stall.error() from e
+                    _shut_down(it)
+                    if reset is not None:
+                        reset()
+                    raise stall.error(killed=True) from e
                 self._asked = 0.0
+                if self._reported:  # the wait was reported: say that it is over
+                    log.warning("loader stall over: a batch came after %.0f s", clock() - self._reported)
+                    self._reported = 0.0
                 self._received += 1
                 self._where = f"epoch {epoch}, batch {start + self._received} of this pass"
                 yield batch
         finally:
-            self._asked = 0.0
+            self._asked = self._reported = 0.0
 
     def stall(self, waited: float) -> Stall:
         """The diagnosis now, for a wait of ``waited`` seconds."""
         return diagnose(self.slots, waited=waited, received=self._received, where=self._where,
-                        num_workers=self.num_workers, shard_name=self.shard_name)
+                        num_workers=self.num_workers, shard_name=self.shard_name,
+                        raising=self.on_stall == "raise" and self.num_workers > 0)
 
     def close(self) -> None:
         """Stop the thread (it also stops when the loader is collected)."""
@@ -401,25 +446,58 @@ class Watchdog:
                                         name="fastfeed-watchdog", daemon=True)
         self._thread.start()
 
-    def _look(self, reported: dict[str, float]) -> None:
-        """One look: report a stall that passed the bound (again every REPEAT_S), and its end."""
+    def _look(self, last: list[float]) -> None:
+        """One look: report a wait that passed the bound, again every REPEAT_S while it lasts
+        (``last``: when this thread last reported it). The loop says when it is over."""
         asked, now = self._asked, time.monotonic()
-        if asked and asked != reported.get("asked"):
-            if reported.get("asked"):
-                self._ended(reported, now)
-            if now - asked >= self.stall_timeout:
-                reported.update(asked=asked, at=now)
-                self.stalls += 1
-                log.warning("%s", self.stall(now - asked).message())
-        elif asked and now - reported["at"] >= REPEAT_S:
-            reported["at"] = now
+        if not asked or now - asked < self.stall_timeout:
+            return
+        if self.on_stall == "raise" and self.num_workers > 0:
+            if now - asked >= self.stall_timeout + _GRACE_S and self._reported != asked:
+                self._reported = asked
+                self._end_stall(asked, now)
+            return
+        if self._reported != asked:
+            self._reported, last[:] = asked, [now]
+            if self._asked != asked:  # the batch came meanwhile: no stall to report
+                self._reported = 0.0
+                return
+            self.stalls += 1
+            log.warning("%s", self.stall(now - asked).message())
+        elif now - last[0] >= REPEAT_S:
+            last[:] = [now]
             log.warning("%s (still)", self.stall(now - asked).message())
-        elif not asked and reported.get("asked"):
-            self._ended(reported, now)
 
-    def _ended(self, reported: dict[str, float], now: float) -> None:
-        log.warning("loader stall over: a batch came after %.0f s", now - reported["asked"])
-        reported.clear()
+    def _end_stall(self, asked: float, now: float) -> None:
+        """Raise mode, the DataLoader's timeout did not end the wait: the loop is inside PyTorch,
+        receiving a batch whose shared memory a *stopped* worker must hand over (torch's
+        file-descriptor sharing asks the sending process), which no timeout covers. The stopped
+        workers are killed, so that the receive fails, and the loop raises this stall's error."""
+        stall = self.stall(now - asked)
+        if not stall.stopped:
+            return  # nothing that a signal ends (disk wait: the kernel's; the DataLoader's timeout acts)
+        self._pending = stall.error(killed=True)
+        self._kill(stall)
+
+    def _kill(self, stall: Stall) -> bool:
+        """Kill the loader's workers, the stopped ones first (raise mode: the loader is given up).
+
+        All of them: a stopped worker keeps PyTorch's shutdown waiting (5 s each, then SIGTERM,
+        which a stopped process does not act on), and one killed while it held the lock of their
+        result queue leaves the others unable to exit.
+        """
+        stopped = stall.stopped
+        others = [w for w in (stall.culprit, *stall.others) if w is not None and w not in stopped]
+        log.warning("%s; ending it: killing the stopped worker(s) %s and the loader's others (the next pass "
+                    "starts new ones)", stall.message(), ", ".join(f"{w.row.worker} (pid {w.row.pid})" for w in stopped))
+        killed = False
+        for w in [*stopped, *others]:
+            try:
+                os.kill(w.row.pid, signal.SIGKILL)
+                killed = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        return killed
 
     @property
     def poll_s(self) -> float:
@@ -427,16 +505,37 @@ class Watchdog:
         return min(5.0, max(0.05, self.stall_timeout / 4))
 
 
+def _shut_down(it: Any) -> None:
+    """Shut down the DataLoader iterator ``it``'s workers, which the watchdog killed.
+
+    PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" in the main
+    thread, wherever it is, for every child signal while the iterator's workers are
+    registered: the shutdown deregisters them (what Lightning does with
+    ``_iterator._shutdown_workers()`` too), and the handler's errors that come meanwhile are
+    taken here, not at some later line of the training loop.
+    """
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    for _ in range(16):
+        try:
+            shutdown()
+            time.sleep(0.05)  # a child signal still on its way meets the deregistered workers
+            return
+        except RuntimeError:  # PyTorch's handler, for a worker killed above
+            continue
+
+
 def _run(ref: "weakref.ref[Watchdog]", stop: threading.Event) -> None:
     """The watchdog thread: holds its watchdog only weakly, so a dropped loader ends it."""
-    reported: dict[str, float] = {}
+    last: list[float] = [0.0]
     while True:
         dog = ref()
         if dog is None:
             return
         poll = dog.poll_s
         try:
-            dog._look(reported)
+            dog._look(last)
         except Exception:  # a diagnosis must never take the training loop down
             log.debug("watchdog: the look failed", exc_info=True)
         del dog
