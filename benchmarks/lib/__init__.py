@@ -20,6 +20,9 @@ module                  what it holds
                         measurement, shared by the ``dali_*`` benchmarks; :mod:`.dali_thread`:
                         what a batch costs the training thread
 :mod:`.trainer`         the transformer and the DDP training step of ``ddp_tokens``
+:mod:`.imagestep`       the image-classification step of ``train_step`` (ResNets, a small
+                        CNN) and its two timings: plain (a sync per step) and under
+                        ``fastfeed.StepMonitor``
 :mod:`.suite`           :class:`~.suite.Benchmark`: a grid of settings and peers declared as
                         data, the function that runs one point, and the report
 ======================  ===================================================================

@@ -4,8 +4,13 @@
   quality 90, ~100 KB; :func:`synth_image_folder`) and the real photos of
   ``shared/data/imagenet-sample`` replicated to N files (:func:`replicated_sample`). A stamp
   file beside each folder records its recipe; a folder is rebuilt when its recipe changes.
+- ImageNet-sized variants of the real photos (:func:`photo_variants`): each file a random crop
+  of one photo, downscaled to ImageNet's size and re-encoded, so that no two files are alike
+  (``train_step``'s data, on the GPU machine too, where the photos are in ``.dali-bench/``).
 - Packs: :func:`pack_once` (``fastfeed pack`` of a folder next to it; pack resumes or says
   "already complete", so a finished pack costs nothing).
+  :func:`pack_defaults`: ``fastfeed.pack(src, dst)`` with every option at its default (what a
+  user's first pack is), repacked when its source folder was rebuilt.
 - Page cache: :func:`evict` drops every file of a tree from it (``posix_fadvise(DONTNEED)``
   after ``os.sync()``), :func:`warm` reads every file, :func:`cached_fraction` checks the
   result with util-linux ``fincore``.
@@ -38,13 +43,15 @@ from benchmarks.lib.measure import Stopwatch  # noqa: E402
 from benchmarks.lib.report import log  # noqa: E402
 
 __all__ = [
-    "BENCH_DATA", "REPO", "SHARED_SAMPLE", "CacheReport", "cached_fraction", "evict", "files_under",
-    "pack_once", "photo_folder", "prepare_pack_run", "publish", "recipe_ready", "replicated_sample",
-    "synth_image_folder", "tree_bytes", "warm",
+    "BENCH_DATA", "DEVICE_SAMPLE", "REPO", "SHARED_SAMPLE", "CacheReport", "cached_fraction", "evict", "files_under",
+    "pack_defaults", "pack_once", "photo_folder", "photo_variants", "prepare_pack_run", "publish", "recipe_ready",
+    "replicated_sample", "sample_photos", "synth_image_folder", "tree_bytes", "warm",
 ]
 
 BENCH_DATA = Path(os.environ.get("FASTFEED_BENCH_DATA", REPO / "bench-data"))
 SHARED_SAMPLE = REPO.parent / "shared" / "data" / "imagenet-sample"
+#: where the GPU machine keeps the sample photos (``../shared`` is not sent there: benchmarks/gpu_setup.sh)
+DEVICE_SAMPLE = REPO / ".dali-bench" / "imagenet-sample"
 _STAMP = ".recipe.json"
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG")
 
@@ -131,6 +138,124 @@ def photo_folder(num_images: int, source: Path | None = None) -> Path:
     generated JPEGs where those photos are missing."""
     src = source or SHARED_SAMPLE
     return replicated_sample(num_images, src=src) if src.is_dir() else synth_image_folder(num_images)
+
+
+def sample_photos() -> Path:
+    """The folder of the real sample photos: ``shared/data/imagenet-sample``, else the GPU machine's copy."""
+    for src in (SHARED_SAMPLE, DEVICE_SAMPLE):
+        if src.is_dir():
+            return src
+    raise FileNotFoundError(f"no sample photos in {SHARED_SAMPLE} or {DEVICE_SAMPLE}: on the GPU machine send "
+                            "`.dali-bench` in the call's carry (benchmarks/gpu_setup.sh says how)")
+
+
+def _variant_originals(src: str, side: int) -> list[Any]:
+    """The photos of ``src`` decoded once, each downscaled so that its longer side is ``side``."""
+    from PIL import Image
+
+    out = []
+    for path in sorted(p for p in Path(src).rglob("*") if p.suffix in _IMAGE_EXTS):
+        with Image.open(path) as im:
+            im.draft("RGB", (side, side))  # DCT-scaled decode: no full-size decode of a 1 MP photo
+            im = im.convert("RGB")
+        scale = side / max(im.size)
+        if scale < 1:
+            im = im.resize((round(im.width * scale), round(im.height * scale)), Image.BILINEAR, reducing_gap=2.0)
+        out.append(im)
+    return out
+
+
+_ORIGINALS: dict[tuple[str, int], list[Any]] = {}  # per worker process: the decoded photos
+
+
+def _write_variants(job: tuple[str, str, int, int, int, int, int, int, float]) -> int:
+    """Write files ``first .. last - 1`` of :func:`photo_variants` (in a worker process); the bytes written."""
+    import random
+
+    from PIL import Image
+
+    src, dst, first, last, classes, side, quality, seed, crop = job
+    if (src, side) not in _ORIGINALS:
+        _ORIGINALS[(src, side)] = _variant_originals(src, side)
+    originals = _ORIGINALS[(src, side)]
+    total = 0
+    for i in range(first, last):
+        rng = random.Random(seed * 1_000_003 + i)  # the file's own draw: the same whatever the chunking
+        im = originals[i % len(originals)]
+        cw, ch = round(im.width * rng.uniform(crop, 1.0)), round(im.height * rng.uniform(crop, 1.0))
+        x, y = rng.randint(0, im.width - cw), rng.randint(0, im.height - ch)
+        cut = im.crop((x, y, x + cw, y + ch))
+        if rng.random() < 0.5:
+            cut = cut.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out = Path(dst) / f"c{i % classes:03d}" / f"img{i:07d}.jpg"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cut.save(out, format="JPEG", quality=quality)
+        total += out.stat().st_size
+    return total
+
+
+def photo_variants(num_images: int, *, num_classes: int = 100, src: Path | None = None, side: int = 560,
+                   crop: float = 0.85, quality: int = 90, seed: int = 0) -> Path:
+    """An ImageFolder of ``num_images`` ImageNet-sized JPEGs made from the real sample photos, once.
+
+    Each file is a random crop (``crop``..1 of each side, at a random place, flipped half the time)
+    of one photo (round-robin) downscaled to a longer side of ``side`` px, so ~480-560 x 320-420
+    px like ImageNet's, re-encoded at ``quality``: no two files are alike, every decode is real
+    work. File ``i`` goes to class folder ``c{i % num_classes:03d}``. ``src`` defaults to
+    :func:`sample_photos`. Made on all cores, in ``bench-data/photos-N`` (another recipe in a
+    folder whose name says how it differs).
+
+    Example:
+        >>> root = photo_variants(20_000)            # doctest: +SKIP
+        >>> len(list(root.iterdir()))                # doctest: +SKIP
+        100
+    """
+    from concurrent.futures import ProcessPoolExecutor
+
+    src = src or sample_photos()
+    recipe = {"kind": "photo-variants", "src": src.name, "num_images": num_images, "num_classes": num_classes,
+              "side": side, "crop": crop, "quality": quality, "seed": seed}
+    differs = [f"c{num_classes}" if num_classes != 100 else "", "" if side == 560 else f"side{side}",
+               "" if crop == 0.85 else f"crop{crop:g}", "" if quality == 90 else f"q{quality}",
+               "" if seed == 0 else f"s{seed}"]
+    root = BENCH_DATA / "-".join(["photos", str(num_images), *filter(None, differs)])
+    if recipe_ready(root, recipe):
+        return root
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    workers = max(1, min(cpu_count(), num_images // 64 or 1))
+    step = -(-num_images // (4 * workers))
+    jobs = [(str(src), str(tmp), a, min(a + step, num_images), num_classes, side, quality, seed, crop)
+            for a in range(0, num_images, step)]
+    with Stopwatch() as took, ProcessPoolExecutor(workers) as pool:
+        total = sum(pool.map(_write_variants, jobs))
+    log(f"made {num_images} JPEGs ({total / num_images / 1e3:.0f} KB each) from the photos of {src} in "
+        f"{tmp.name} in {took.wall:.0f} s")
+    return publish(tmp, root, recipe)
+
+
+def pack_defaults(src: Path) -> Path:
+    """``fastfeed.pack(src, dst)`` with every option at its default (on all cores), in ``<src>.ff``; reused.
+
+    The pack is stamped with its source's recipe (:func:`recipe_ready`), so a source folder
+    rebuilt with another recipe is packed again instead of being taken for "already complete".
+    """
+    import fastfeed
+
+    dst = src.with_name(f"{src.name}.ff")
+    try:
+        recipe = {"kind": "pack-defaults", "src": json.loads(_stamp(src).read_text())}
+    except (OSError, ValueError):
+        recipe = {"kind": "pack-defaults", "src": None}
+    if recipe["src"] is not None and recipe_ready(dst, recipe) and (dst / "index.json").is_file():
+        return dst
+    _stamp(dst).unlink(missing_ok=True)
+    shutil.rmtree(dst, ignore_errors=True)
+    with Stopwatch() as took:
+        fastfeed.pack(src, dst, workers=cpu_count())
+    log(f"packed {src.name} -> {dst.name} (pack's defaults) in {took.wall:.0f} s")
+    _stamp(dst).write_text(json.dumps(recipe))
+    return dst
 
 
 def pack_once(src: Path, *, samples_per_shard: int, fmt: str = "tar", jpeg_restarts: bool | None = False,

@@ -69,6 +69,7 @@ class Setup:
     image_size: int = 224
     prefetch: int = 2
     seed: int = 0
+    pin_memory: bool = False  # page-locked batches (torch DataLoaders), for a copy to the GPU
 
 
 @dataclass
@@ -112,7 +113,7 @@ def _torch_loader(ds: Any, s: Setup, **kw: Any) -> Any:
     extra: dict[str, Any] = {}
     if s.workers:
         extra = {"prefetch_factor": s.prefetch, "persistent_workers": True}
-    return DataLoader(ds, batch_size=s.batch_size, num_workers=s.workers, **extra, **kw)
+    return DataLoader(ds, batch_size=s.batch_size, num_workers=s.workers, pin_memory=s.pin_memory, **extra, **kw)
 
 
 def imagefolder_pil(data: dict[str, Path], s: Setup) -> Built:
@@ -125,7 +126,7 @@ def imagefolder_pil(data: dict[str, Path], s: Setup) -> Built:
     dl = _torch_loader(ds, s, shuffle=True)
     return Built("imagefolder", "torchvision ImageFolder, PIL decode (default loader), "
                  "transforms RandomResizedCrop+Flip+PILToTensor, DataLoader",
-                 [data["folder"]], lambda: iter(dl), lambda: shutdown(dl))
+                 [data["folder"]], lambda: iter(dl), lambda: shutdown(dl), extra={"loader": dl})
 
 
 def _decode_image(path: str) -> Any:
