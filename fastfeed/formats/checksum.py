@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import bisect
 import zlib
-from typing import Any, Callable, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from fastfeed.errors import ConfigError, MissingDependencyError, SampleError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ALGORITHMS", "Hasher", "ShardSums", "digest", "hasher", "mismatch", "mismatch_reason", "pack_algorithm"]
 
@@ -156,6 +157,7 @@ class ShardSums:
             time: see ``docs/format.md``); None: every sample is.
 
     Example:
+        >>> import numpy as np
         >>> sums = ShardSums("crc32", np.array([digest("crc32")(b"abc"), 7], np.uint64), np.array([0, 512]))
         >>> sums.expected(0) == digest("crc32")(b"abc"), sums.expected(512), sums.expected(100)
         (True, 7, None)
@@ -170,6 +172,8 @@ class ShardSums:
 
     def __init__(self, algorithm: str, sums: np.ndarray, offsets: np.ndarray | None = None,
                  skip: np.ndarray | None = None) -> None:
+        import numpy as np  # here: `fastfeed --help` imports the formats, and must not wait for numpy
+
         self.algorithm = algorithm
         self.digest = digest(algorithm)
         # memoryviews of contiguous arrays: bisect and indexing on them cost ~1.6 us a sample
