@@ -413,3 +413,15 @@ def test_site_lists_after_a_paragraph_line_are_lists(site: Path) -> None:
     """benchmarks/RESULTS.md, included by results.md, lists its machines right below "Machines:"."""
     results = (site / "results" / "index.html").read_text()
     assert re.search(r"<li><strong>h200</strong>", results)
+
+
+@pytest.mark.parametrize("path", sorted((DOCS / "_ext").glob("*.py")), ids=lambda p: p.name)
+def test_site_extensions_examples_run(path: Path) -> None:
+    """The docstring examples of the site's hooks and griffe extensions (``make test``'s doctest run
+    covers ``fastfeed/`` only)."""
+    if path.stem.startswith("griffe"):
+        pytest.importorskip("griffe", reason="the docs extra: pip install -e '.[docs]'")
+    else:
+        pytest.importorskip("markdown", reason="the docs extra: pip install -e '.[docs]'")
+    result = doctest.testmod(_module(path), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
