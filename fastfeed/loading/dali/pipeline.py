@@ -29,6 +29,15 @@ from DALI's message (``sample #k``) or by decoding the failed batch's images one
 with the same decoder, then raised as :class:`~fastfeed.errors.SampleError` or skipped
 and counted.
 
+A pipeline that never returns (DALI's threads or the GPU stuck) is not waited for without
+a word: with ``Workers(stall_timeout=)`` (120 s by default) the training thread waits for
+each output on a helper thread (:class:`OutputWait`, ~50 us a batch), logs a warning
+naming the pipeline and the batch once the wait passes ``stall_timeout`` (again every 5
+minutes), and with ``on_stall="raise"`` raises a :class:`~fastfeed.errors.StallError`; the
+stuck pipeline is then abandoned with what it was fed (never destroyed: its threads may
+still read that memory), and the next batch builds new ones. Remote shards the feed reads
+are bounded by ``Storage(timeout=, retries=)``.
+
 Example:
     >>> dl = DaliLoader(index, opts, dali=import_dali())        # doctest: +SKIP
     >>> batch = next(iter(dl)); batch["image"].device            # doctest: +SKIP
@@ -37,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import logging
 import os
@@ -74,16 +84,17 @@ from fastfeed.loading.dali.graph import (
 )
 from fastfeed.loading.dali.reuse import PipelineSet, adopt, keep_warm, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
-from fastfeed.errors import ConfigError, FastfeedError, SampleError
+from fastfeed.errors import ConfigError, FastfeedError, SampleError, StallError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.loading.order.cursor import Pass, Resumable
 from fastfeed.loading.options import LoaderOptions
 from fastfeed.loading.order.rankplan import PlanSpec
 from fastfeed.loading.sources import cursor_for
 from fastfeed.loading.stats import LoaderStats
+from fastfeed.storage.retry import with_policy
 
 # build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
-__all__ = ["DaliLoader", "build_pipeline"]
+__all__ = ["DaliLoader", "OutputWait", "build_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +102,8 @@ _SAMPLE_NO = re.compile(r"sample #(\d+)")
 _AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
 _TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last tables read, reused
 _TABLES_KEPT = 8
+_REPEAT_S = 300.0  # seconds between two warnings of one stall that lasts
+_ABANDONED: list[Any] = []  # pipelines that never returned, with what they were fed: kept, never destroyed
 
 
 # A DALI pipeline that is garbage (dropped, in a reference cycle) when the process forks
@@ -183,10 +196,13 @@ class DaliLoader(Resumable):
         self._cursor = cursor_for(self.indexes, options, spec)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
+        # Storage(timeout=, retries=) ride in the fsspec options to every read of the feed
+        storage_options = with_policy(options.storage.options, timeout=options.storage.timeout,
+                                      retries=options.storage.retries)
         self._maps = ShardMaps(self.indexes, cache_dir=options.cache_dir, cache_size=options.storage.cache_size,
-                               storage_options=options.storage.options, verify=options.storage.verify)
+                               storage_options=storage_options, verify=options.storage.verify)
         names = names or [str(i.root or f"dataset {k}") for k, i in enumerate(self.indexes)]
-        self._table = mixed_table(self.indexes, names, options.crop.image_field, options.storage.options)
+        self._table = mixed_table(self.indexes, names, options.crop.image_field, storage_options)
         self._fields = FieldReader(self._table, self._maps)
         self._labels, self._label_field = self._label_source()
         self._as_image = np.bincount(self._table.image_ext[self._table.image_ext >= 0],
@@ -206,6 +222,8 @@ class DaliLoader(Resumable):
         self._adopted = 0  # pipeline sets taken over from a dropped loader
         self._stream: tuple[int, int] | None = None  # (epoch, step) the pipe outputs next
         self._skip_reasons: dict[int, str] = {}
+        w = options.workers
+        self._wait = None if w.stall_timeout is None else OutputWait(w.stall_timeout, w.on_stall)
         self._check_images()
 
     # ------------------------------------------------------------------ setup
@@ -379,8 +397,10 @@ class DaliLoader(Resumable):
         while True:
             self._feed_from(epoch, step)
             try:
-                outs = self._pipe.share_outputs()
+                outs = self._outputs(epoch, step)
             except RuntimeError as e:
+                if isinstance(e, StallError):
+                    raise
                 self._failed(e, epoch, step)
                 continue
             fed = self._feeder.pending.popleft()
@@ -402,6 +422,21 @@ class DaliLoader(Resumable):
             self._advance(epoch, step)
             skipped = [*fed.skipped, *dropped]
             return batch, len(skipped), [self._skip_message(i, "no image") for i in skipped]
+
+    def _outputs(self, epoch: int, step: int) -> Any:
+        """The next pipeline's outputs; waited for within ``Workers(stall_timeout=)`` (module docstring)."""
+        pipe = self._pipe
+        if self._wait is None:
+            return pipe.share_outputs()
+        where = f"epoch {epoch}, batch {step}; pipeline {self._set.turn + 1} of {len(self._set.pipes)}"
+        try:
+            return self._wait.outputs(pipe, where)
+        except StallError:
+            # the stuck pipeline keeps what it was fed (its threads may read it) and is never destroyed;
+            # close() then lets the loader's references go, and the next batch builds new pipelines
+            _ABANDONED.append((list(self._set.pipes), list(self._feeder.pending)))
+            self._wait = OutputWait(self._wait.stall_timeout, self._wait.on_stall)  # its thread is stuck too
+            raise
 
     def _next_iteration(self) -> None:
         """Give the consumed outputs back, run the pipeline's next (already fed) iteration,
@@ -567,3 +602,58 @@ def _first_line(text: str) -> str:
         if ln.startswith("encountered") and k + 1 < len(lines):
             return lines[k + 1]
     return lines[0] if lines else "unknown DALI error"
+
+
+class OutputWait:
+    """Waits for a DALI pipeline's outputs on a helper thread, so that a pipeline that never
+    returns is reported (``on_stall="log"``: a warning at ``stall_timeout``, again every 5
+    minutes, and a line when it ends) or raised (``"raise"``: a StallError).
+
+    ``share_outputs`` blocks in DALI's C++ code, which nothing interrupts; waiting for it from
+    another thread is what lets the training thread look at the clock. Its errors (a sample
+    DALI cannot decode) come back as they are.
+
+    Example:
+        >>> wait = OutputWait(stall_timeout=60, on_stall="log")
+        >>> class Pipe:
+        ...     def share_outputs(self):
+        ...         return "outputs"
+        >>> wait.outputs(Pipe(), "epoch 0, batch 0")
+        'outputs'
+    """
+
+    def __init__(self, stall_timeout: float, on_stall: str) -> None:
+        self.stall_timeout, self.on_stall = float(stall_timeout), on_stall
+        self.stalls = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def outputs(self, pipe: Any, where: str) -> Any:
+        """``pipe.share_outputs()``, waited for as the class docstring says (``where``: for messages)."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastfeed-dali-wait")
+        future = self._pool.submit(pipe.share_outputs)
+        t0 = time.monotonic()
+        wait, said = self.stall_timeout, False
+        while True:
+            try:
+                outs = future.result(timeout=wait)
+                break
+            except concurrent.futures.TimeoutError:
+                waited = time.monotonic() - t0
+                text = (f"DALI pipeline stalled: no batch for {waited:.0f} s ({where}); the pipeline has not "
+                        "returned its output: DALI's own threads or the GPU hold it up (a decoder or a kernel "
+                        "that does not return)")
+                if self.on_stall == "raise":
+                    self._pool.shutdown(wait=False)  # its thread stays in the pipeline
+                    raise StallError(f"{text}; the pipeline is abandoned, the next batch builds new ones; "
+                                     "Workers(stall_timeout=) sets the wait",
+                                     state="the DALI pipeline does not return", waited=waited) from None
+                if not said:
+                    self.stalls += 1
+                log.warning("%s; Workers(on_stall='raise') makes this an error, stall_timeout= sets the wait%s",
+                            text, " (still)" if said else "")
+                wait, said = _REPEAT_S, True
+        if said:
+            log.warning("DALI pipeline stall over: a batch came after %.0f s", time.monotonic() - t0)
+        return outs
+
