@@ -229,5 +229,5 @@ def test_the_loader_over_a_store_that_freezes_mid_epoch_raises_a_remote_error_na
     assert waited < (3 if num_workers == 0 else 6), waited
     if num_workers == 0:  # the loop reads itself, and the watchdog says so while it waits
         said = records.messages("loader stalled")
-        assert said and re.search(rf"the loop itself \(num_workers=0\) \(pid {os.getpid()}\) is sleeping in a "
+        assert said and re.search(rf"the loop itself \(pid {os.getpid()}, num_workers=0\) is sleeping in a "
                                   rf"read .*, in batch \d+, on {re.escape(url)}/shard-0000\d\d\.tar since", said[0])

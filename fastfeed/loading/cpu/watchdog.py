@@ -27,14 +27,20 @@ the stopped workers, which ends the receive, and the loop raises the same StallE
 watchdog logs, and remote reads end on their own bound (``Storage(timeout=, retries=)``).
 A loader that raised a StallError has lost a worker: build a new one to go on.
 
-The log line, as it prints (``fastfeed.loading.cpu.watchdog``, WARNING)::
+The log lines, as they print (``fastfeed.loading.cpu.watchdog``, WARNING; one line each,
+wrapped here): a worker stopped with SIGSTOP, then two workers waiting on a frozen store::
 
-    loader stalled: no batch for 12 s (epoch 0, batch 3 of this pass); worker 1 (pid 4242)
-    is stopped (state T: SIGSTOP or a debugger; kill -CONT 4242 resumes it), in batch 3,
-    reading /data/ds/shard-000001.tar since 10:21:03 (12 s); worker 0 (pid 4241) is
-    between batches; Workers(on_stall='raise') makes this an error, stall_timeout= sets the wait
+    loader stalled: no batch for 120 s (epoch 0, batch 3 of this pass); worker 1 (pid 10074)
+    is stopped (state T: SIGSTOP or a debugger; kill -CONT 10074 resumes it); worker 0 (pid
+    10073) is between batches; Workers(on_stall='raise') makes this an error, stall_timeout=
+    sets the wait
 
-(one line; wrapped here).
+    loader stalled: no batch for 120 s (epoch 0, batch 2 of this pass); worker 0 (pid 10567)
+    is sleeping in a read (the storage is slow or not answering), in batch 2, on
+    s3://my-bucket/imagenet-ff/shard-000002.tar since 13:23:52 (120 s); worker 1 (pid 10568)
+    is sleeping in a read (the storage is slow or not answering), in batch 3, on
+    s3://my-bucket/imagenet-ff/shard-000003.tar since 13:23:52 (120 s); Workers(on_stall='raise')
+    makes this an error, stall_timeout= sets the wait
 
 Example:
     >>> slots = WorkerSlots(2)
@@ -298,8 +304,9 @@ class Stall:
         parts = [f"loader stalled: no batch for {self.waited:.0f} s ({self.where})"]
         if self.culprit is not None:
             c = self.culprit
-            who = "the loop itself (num_workers=0)" if self.main_process else f"worker {c.row.worker}"
-            parts.append(f"{who} (pid {c.row.pid}) {c.describe(now, wall)}")
+            who = (f"the loop itself (pid {c.row.pid}, num_workers=0)" if self.main_process
+                   else f"worker {c.row.worker} (pid {c.row.pid})")
+            parts.append(f"{who} {c.describe(now, wall)}")
         else:
             parts.append("no worker has reported yet")
         parts += [f"worker {o.row.worker} (pid {o.row.pid}) {o.describe(now, wall)}" for o in self.others]
