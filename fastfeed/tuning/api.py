@@ -171,13 +171,14 @@ def _in_child(fn: Callable[[], Measurement]) -> Measurement:
     waits on a condition variable of threads that do not exist in the child). Measuring
     ``num_workers=0`` in a child keeps this process's decoder unused, so the worker
     settings measured after it start cleanly. (The decoder now keeps OpenCV single-threaded
-    in every process, which removes the pool; the child stays as a second guard.) Where this
-    process already initialised CUDA (pinned batches), a forked child could not use it, so
-    the measurement runs here.
+    in every process, which removes the pool; the child stays as a second guard.) Where CUDA
+    is available the measurement runs here: a child forked after this process touched the
+    driver (``torch.cuda.is_available()`` may, without ``is_initialized()`` saying so) fails
+    its first pinned batch with "CUDA error: initialization error" (seen on an H200).
     """
     import torch
 
-    if torch.cuda.is_initialized():  # a forked child cannot use CUDA (pinned memory) any more
+    if torch.cuda.is_initialized() or torch.cuda.is_available():  # a forked child cannot use CUDA
         return fn()
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)

@@ -563,8 +563,11 @@ def search(
         log.info("tune: time budget of %.0f s used up after %d trials", time_budget, len(runner.trials))
     if not any(t.ok for t in runner.trials):
         first = runner.trials[0]
-        raise ConfigError(f"tune: no setting could be measured (first: {first.setting.label}: "
-                          f"{first.status}); lower the batch size or raise the memory budget")
+        memory = all("memory" in t.status for t in runner.trials)
+        fix = ("lower the batch size or raise the memory budget" if memory else
+               "every setting failed: fix that error (build the loader once by hand to see it whole), "
+               "then tune again")
+        raise ConfigError(f"tune: no setting could be measured (first: {first.setting.label}: {first.status}); {fix}")
     confirmed = None
     if confirming:
         confirmed = _confirm(c, confirm_fn, confirm_top, confirm_rounds, confirm_scale,
