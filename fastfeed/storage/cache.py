@@ -87,27 +87,33 @@ def _flock(path: Path, *, wait: float | None = None, progress: Callable[[], int]
     try:
         if wait is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield True
+        elif not _poll_lock(fd, wait, progress):
+            yield False
             return
-        nap, seen, since = 0.01, None, time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = progress() if progress is not None else 0
-                if now != seen:
-                    seen, since = now, time.monotonic()
-                elif time.monotonic() - since > wait:
-                    yield False
-                    return
-                time.sleep(nap)
-                nap = min(0.5, nap * 2)
         os.ftruncate(fd, 0)  # who holds it, for the message of a process that gives up waiting
         os.write(fd, f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n".encode())
         yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _poll_lock(fd: int, wait: float, progress: Callable[[], int] | None) -> bool:
+    """Take the lock on ``fd``, polling; False once ``progress()`` stood still for ``wait`` seconds."""
+    import fcntl
+
+    nap, seen, since = 0.01, None, time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            now = progress() if progress is not None else 0
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > wait:
+                return False
+            time.sleep(nap)
+            nap = min(0.5, nap * 2)
 
 
 def _holder(lock: Path) -> str:
@@ -190,7 +196,7 @@ class ShardCache:
         with _flock(lock, wait=wait, progress=lambda: self._part_bytes(name)) as locked:
             if not locked:
                 log.warning(
-                    "%s: waited %.0f s for another process's download of %s that made no progress (%s); "
+                    "%s: waited %g s for another process's download of %s that made no progress (%s); "
                     "downloading it here too", self.root, wait, name, _holder(lock))
             if self._touch(final):  # another process fetched it while we waited
                 self.stats.hits += 1

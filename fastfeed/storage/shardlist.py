@@ -17,7 +17,8 @@ import re
 from typing import Any, Mapping, Sequence
 
 from fastfeed.errors import ConfigError
-from fastfeed.storage.remote import filesystem, local_path
+from fastfeed.storage.bounded import filesystem
+from fastfeed.storage.remote import local_path
 from fastfeed.storage.retry import policy_of, with_retries
 
 __all__ = ["SHARD_SUFFIXES", "expand_braces", "expand_shards", "is_shard_name"]

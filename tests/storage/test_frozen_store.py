@@ -17,9 +17,10 @@ from typing import Any, Iterator
 import pytest
 
 from fastfeed.errors import RemoteError
-from fastfeed.storage import remote
+from fastfeed.storage import bounded
 from fastfeed.storage import retry as retry_mod
-from fastfeed.storage.remote import open_remote, open_shard, read_bytes
+from fastfeed.storage.bounded import open_remote
+from fastfeed.storage.remote import open_shard, read_bytes
 from fastfeed.storage.retry import RetryPolicy, policy_of
 from fastfeed.storage.shardlist import expand_shards
 from tools.faultproxy import FaultProxy
@@ -75,7 +76,7 @@ def test_the_policy_comes_from_the_argument_the_options_the_environment_the_defa
     assert (policy_of(None).timeout, policy_of(None).attempts) == (120.0, 4)
     assert (policy_of({"timeout": 5, "retries": 0}).timeout, policy_of({"timeout": 5, "retries": 0}).attempts) \
         == (5.0, 1)  # an explicit option wins over the environment
-    fs, _ = remote.filesystem("s3://bucket/x", {"timeout": 7, "config_kwargs": {"read_timeout": 99}})
+    fs, _ = bounded.filesystem("s3://bucket/x", {"timeout": 7, "config_kwargs": {"read_timeout": 99}})
     assert fs.retries == 1 and fs.config_kwargs["connect_timeout"] == 7
     assert fs.config_kwargs["read_timeout"] == 99  # what the caller set stays
     monkeypatch.setenv("FASTFEED_STORAGE_RETRIES", "many")

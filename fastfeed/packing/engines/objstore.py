@@ -60,8 +60,8 @@ from fastfeed.packing.write import (
     shard_fingerprint,
     write_shard,
 )
-from fastfeed.storage.remote import call_within, filesystem, with_retries
-from fastfeed.storage.retry import RetryPolicy, policy_of
+from fastfeed.storage.bounded import call_within, filesystem
+from fastfeed.storage.retry import RetryPolicy, policy_of, with_retries
 
 __all__ = ["RemoteDest", "write_shard_remote"]
 

@@ -10,7 +10,7 @@ fails, or is skipped, when its shard is written).
 
 Reading an object (:func:`fastfeed.packing.sources.reader.read_source`) fetches it whole or a
 byte range of it with :func:`fastfeed.storage.remote.with_retries`; a manifest or a
-WebDataset tar is streamed through :func:`fastfeed.storage.remote.open_remote` (ranged
+WebDataset tar is streamed through :func:`fastfeed.storage.bounded.open_remote` (ranged
 requests, each bounded and retried). Every request is bounded (a minute without progress,
 then retries, then a :class:`~fastfeed.errors.RemoteError` naming the object:
 :mod:`fastfeed.storage.retry`); ``FASTFEED_STORAGE_TIMEOUT`` / ``FASTFEED_STORAGE_RETRIES``
@@ -33,7 +33,8 @@ from typing import IO, Any
 from fastfeed.errors import SourceError
 from fastfeed.formats.naming import is_hidden
 from fastfeed.packing.sources.tree import FileEntry, FileStat, Problems
-from fastfeed.storage.remote import filesystem, open_remote, with_retries
+from fastfeed.storage.bounded import filesystem, open_remote
+from fastfeed.storage.retry import with_retries
 
 __all__ = ["UrlTree"]
 
