@@ -28,18 +28,19 @@ watchdog logs, and remote reads end on their own bound (``Storage(timeout=, retr
 A loader that raised a StallError has lost a worker: build a new one to go on.
 
 The log lines, as they print (``fastfeed.loading.cpu.watchdog``, WARNING; one line each,
-wrapped here): a worker stopped with SIGSTOP, then two workers waiting on a frozen store::
+wrapped here): a worker stopped with SIGSTOP (the defaults), then two workers waiting on a
+frozen store (``stall_timeout=2``)::
 
-    loader stalled: no batch for 120 s (epoch 0, batch 3 of this pass); worker 1 (pid 10074)
-    is stopped (state T: SIGSTOP or a debugger; kill -CONT 10074 resumes it); worker 0 (pid
-    10073) is between batches; Workers(on_stall='raise') makes this an error, stall_timeout=
+    loader stalled: no batch for 124 s (epoch 0, batch 1 of this pass); worker 1 (pid 10706)
+    is stopped (state T: SIGSTOP or a debugger; kill -CONT 10706 resumes it); worker 0 (pid
+    10705) is between batches; Workers(on_stall='raise') makes this an error, stall_timeout=
     sets the wait
 
-    loader stalled: no batch for 120 s (epoch 0, batch 2 of this pass); worker 0 (pid 10567)
-    is sleeping in a read (the storage is slow or not answering), in batch 2, on
-    s3://my-bucket/imagenet-ff/shard-000002.tar since 13:23:52 (120 s); worker 1 (pid 10568)
-    is sleeping in a read (the storage is slow or not answering), in batch 3, on
-    s3://my-bucket/imagenet-ff/shard-000003.tar since 13:23:52 (120 s); Workers(on_stall='raise')
+    loader stalled: no batch for 2 s (epoch 0, batch 2 of this pass); worker 0 (pid 10567) is
+    sleeping in a read (the storage is slow or not answering), in batch 2, on
+    s3://my-bucket/imagenet-ff/shard-000002.tar since 13:23:52 (2 s); worker 1 (pid 10568) is
+    sleeping in a read (the storage is slow or not answering), in batch 3, on
+    s3://my-bucket/imagenet-ff/shard-000003.tar since 13:23:52 (2 s); Workers(on_stall='raise')
     makes this an error, stall_timeout= sets the wait
 
 Example:
