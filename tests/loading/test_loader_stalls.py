@@ -181,7 +181,8 @@ def test_what_a_worker_is_doing_in_words() -> None:
     assert said["D"].startswith("is in disk wait (state D:") and "dead NFS mount" in said["D"]
     assert re.fullmatch(r"is sleeping in a read \(the storage is slow or not answering\), in batch 7, "
                         r"on /data/ds/shard-000003.tar since \d\d:\d\d:\d\d \(30 s\)", said["S"]), said["S"]
-    assert said["gone"] == "is exited, in batch 7, on /data/ds/shard-000003.tar since " + said["S"].split(" since ")[1]
+    assert said["gone"] == "is gone (it exited), in batch 7, on /data/ds/shard-000003.tar since " + \
+        said["S"].split(" since ")[1]
     with pytest.raises(fastfeed.ConfigError, match=r"Workers.on_stall='panic' must be 'log' or 'raise'"):
         fastfeed.Workers(on_stall="panic")
     with pytest.raises(fastfeed.ConfigError, match=r"Workers.stall_timeout=-1 must be a number of seconds > 0"):

@@ -156,6 +156,8 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         self.dataset.set_position(p.position)
         if self._pool is not None:
             self._pool.reclaim()  # batches of a pass left early are discarded by the workers' reset
+        if self.watchdog is not None and (self._iterator is None or not self.persistent_workers):
+            self.watchdog.slots.reset()  # new workers start: the rows of the last ones would mislead
         batches: Iterator[dict[str, Any]] = super().__iter__()
         if self.watchdog is not None:
             batches = self.watchdog.watch(batches, p.epoch, p.start, reset=self._new_workers)

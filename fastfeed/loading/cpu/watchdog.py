@@ -195,6 +195,10 @@ class WorkerSlots:
             self._rows = self.t.numpy()  # a view of the shared memory
         return Slot(self._rows[min(worker, len(self) - 1)])
 
+    def reset(self) -> None:
+        """Forget every row (before a new set of workers starts)."""
+        self.t.zero_()
+
     def rows(self) -> list[SlotRow]:
         """Every worker's row as last published."""
         out = []
@@ -264,7 +268,7 @@ class WorkerState:
         if state == "D":
             return "in disk wait (state D: a read the kernel cannot interrupt; a stuck file system, a dead NFS mount?)"
         if state in ("Z", "X", "gone"):
-            return "exited"
+            return "gone (it exited)"
         if phase == "reading":
             return f"{_STATES.get(state, 'alive')} in a read (the storage is slow or not answering)"
         if phase == "decoding":
@@ -309,7 +313,7 @@ class Stall:
                    else f"worker {c.row.worker} (pid {c.row.pid})")
             parts.append(f"{who} {c.describe(now, wall)}")
         else:
-            parts.append("no worker has reported yet")
+            parts.append("no worker has started yet (a worker's start: its imports with 'spawn', worker_init_fn)")
         parts += [f"worker {o.row.worker} (pid {o.row.pid}) {o.describe(now, wall)}" for o in self.others]
         if self.main_process:
             fix = "remote reads end after Storage(timeout=, retries=)"
