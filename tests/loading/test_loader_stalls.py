@@ -110,7 +110,7 @@ def test_a_stopped_worker_is_named_with_its_state_and_the_loop_goes_on_when_it_d
     helper.join()
     assert len(got) == len(dl) == 16  # every batch, in order, once it went on
     first = records.messages("loader stalled")[0]
-    assert re.search(rf"loader stalled: no batch for \d+ s \(epoch 0, batch \d+ of this pass\); "
+    assert re.search(rf"loader stalled: no batch for \d+ s \(epoch 0, batch \d+\); "
                      rf"worker 1 \(pid {pid}\) is stopped \(state T: SIGSTOP or a debugger; "
                      rf"kill -CONT {pid} resumes it\)", first), first
     assert re.search(r"worker 0 \(pid \d+\) is ", first) and "Workers(on_stall='raise')" in first

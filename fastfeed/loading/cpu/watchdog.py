@@ -31,12 +31,12 @@ The log lines, as they print (``fastfeed.loading.cpu.watchdog``, WARNING; one li
 wrapped here): a worker stopped with SIGSTOP (the defaults), then two workers waiting on a
 frozen store (``stall_timeout=2``)::
 
-    loader stalled: no batch for 124 s (epoch 0, batch 1 of this pass); worker 1 (pid 10706)
+    loader stalled: no batch for 124 s (epoch 0, batch 1); worker 1 (pid 10706)
     is stopped (state T: SIGSTOP or a debugger; kill -CONT 10706 resumes it); worker 0 (pid
     10705) is between batches; Workers(on_stall='raise') makes this an error, stall_timeout=
     sets the wait
 
-    loader stalled: no batch for 2 s (epoch 0, batch 2 of this pass); worker 0 (pid 10567) is
+    loader stalled: no batch for 2 s (epoch 0, batch 2); worker 0 (pid 10567) is
     sleeping in a read (the storage is slow or not answering), in batch 2, on
     s3://my-bucket/imagenet-ff/shard-000002.tar since 13:23:52 (2 s); worker 1 (pid 10568) is
     sleeping in a read (the storage is slow or not answering), in batch 3, on
@@ -296,7 +296,7 @@ class Stall:
     """What holds the loop up: how long it waited, the worker to blame (if any) and the others."""
 
     waited: float
-    where: str  # "epoch 0, batch 3 of this pass"
+    where: str  # "epoch 0, batch 3": the batch the loop waits for
     culprit: WorkerState | None
     others: tuple[WorkerState, ...]
     main_process: bool  # num_workers=0: the loop reads itself
@@ -370,8 +370,8 @@ class Watchdog:
     Args:
         slots: the workers' table (the loader's dataset writes it).
         stall_timeout: seconds the loop may wait for a batch.
-        on_stall: ``"log"`` or ``"raise"`` (the latter through the DataLoader's timeout:
-            :meth:`translate`).
+        on_stall: ``"log"`` or ``"raise"`` (the latter through the DataLoader's timeout, and
+            the thread for the wait no timeout covers: see the module docstring).
         num_workers: the loader's workers.
         shard_name: ``(dataset, shard) -> path or URL``, for the messages.
     """
@@ -383,6 +383,7 @@ class Watchdog:
         self.stalls = 0  # stalls reported (log mode)
         self._asked = 0.0  # time.monotonic() when the loop asked for the batch it waits for; 0: not waiting
         self._reported = 0.0  # the _asked of the wait the thread reported as a stall (0: none)
+        self._ending = 0.0  # raise mode: the _asked of the wait the thread looked at to end it
         self._pending: StallError | None = None  # raise mode: the error of a stall the thread had to end
         self._received = 0
         self._where = ""
@@ -404,7 +405,7 @@ class Watchdog:
         self._start()
         if self.num_workers == 0:
             self.slots.slot(0).claim()
-        self._received, self._where = 0, f"epoch {epoch}, batch {start} of this pass"
+        self._received, self._where = 0, f"epoch {epoch}, batch {start}"
         clock = time.monotonic
         try:
             while True:
@@ -434,7 +435,7 @@ class Watchdog:
                     log.warning("loader stall over: a batch came after %.0f s", clock() - self._reported)
                     self._reported = 0.0
                 self._received += 1
-                self._where = f"epoch {epoch}, batch {start + self._received} of this pass"
+                self._where = f"epoch {epoch}, batch {start + self._received}"
                 yield batch
         finally:
             self._asked = self._reported = 0.0
@@ -465,8 +466,8 @@ class Watchdog:
         if not asked or now - asked < self.stall_timeout:
             return
         if self.on_stall == "raise" and self.num_workers > 0:
-            if now - asked >= self.stall_timeout + _GRACE_S and self._reported != asked:
-                self._reported = asked
+            if now - asked >= self.stall_timeout + _GRACE_S and self._ending != asked:
+                self._ending = asked
                 self._end_stall(asked, now)
             return
         if self._reported != asked:
