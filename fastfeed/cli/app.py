@@ -8,7 +8,7 @@ arguments, or a :class:`~fastfeed.errors.FastfeedError` from the library: one li
 
 Example:
     >>> sorted(build_parser()._subparsers._group_actions[0].choices)
-    ['balance', 'doctor', 'info', 'pack', 'tune', 'verify']
+    ['balance', 'doctor', 'info', 'pack', 'shapes', 'tune', 'verify']
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fastfeed import __version__
 import fastfeed.cli.balance as balance
 import fastfeed.cli.dataset as dataset
 import fastfeed.cli.diagnosis as diagnosis
+import fastfeed.cli.shapes as shapes
 import fastfeed.cli.tuning as tuning
 from fastfeed.cli.args import add_verbose
 from fastfeed.cli.command import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, Command
@@ -30,8 +31,8 @@ from fastfeed.errors import FastfeedError
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: Every command, in the order ``fastfeed --help`` shows them.
-COMMANDS: tuple[Command, ...] = (dataset.PACK, dataset.INFO, dataset.VERIFY, tuning.COMMAND, balance.COMMAND,
-                                 diagnosis.COMMAND)
+COMMANDS: tuple[Command, ...] = (dataset.PACK, dataset.INFO, dataset.VERIFY, shapes.COMMAND, tuning.COMMAND,
+                                 balance.COMMAND, diagnosis.COMMAND)
 
 _EPILOG = """exit codes:
   0    ok

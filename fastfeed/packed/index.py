@@ -12,6 +12,8 @@ A packed dataset is a folder (or an object-store prefix) holding shards plus::
                     width) of its raw pixels (field ``rgb8``), (0, 0) for a sample stored as JPEG
     checksums.npy   uint64 (N,): per sample, the checksum of the bytes its reader reads
                     (:mod:`fastfeed.formats.checksum`)
+    sizes.npy       int32 (N, 2), optional: per sample the displayed (height, width) of its image
+                    (EXIF orientation applied, read from the header), (0, 0) when it has none
 
 ``index.json``'s ``checksums`` entry names the per-sample algorithm and the sha256 of every
 sidecar file: a sidecar is checked against it when it is opened, and the loader checks every
@@ -19,6 +21,13 @@ sample against ``checksums.npy`` when it reads it. An index without the entry (w
 it existed) loads as before, unchecked. Every sidecar is also checked on its own terms when it
 is opened (:mod:`fastfeed.packed.sidecars`: dtypes, shapes, labels within the classes, offsets
 in order and inside their shards).
+
+``index.json``'s optional ``sizes`` entry (``{"samples": "sizes.npy", "unknown": K}``) says that
+``sizes.npy`` holds every sample's image size, what the aspect-ratio sampler buckets by
+(:mod:`fastfeed.sampling.aspect`); ``K`` samples have none (no image, or a header that could not
+be read). ``pack`` writes it; ``fastfeed shapes DST`` adds it to a dataset packed before it
+existed, without re-packing. Like ``checksums``, it does not change the index version: an older
+fastfeed ignores it, and sizes are not part of the :attr:`~DatasetIndex.fingerprint`.
 
 A dataset whose images are stored as pixels has a ``"store"`` entry in ``index.json`` and
 index version 2 (:data:`INDEX_VERSION`), so a fastfeed that predates raw pixels refuses it with
@@ -59,6 +68,7 @@ from fastfeed.packed.layout import (
     LENGTHS_NAME,
     OFFSETS_NAME,
     SHAPES_NAME,
+    SIZES_NAME,
 )
 from fastfeed.packed.sidecars import Layout, check_hash, check_sidecar, load_npy, npy_bytes, sha256_hex
 from fastfeed.storage.remote import exists, is_url, read_bytes
@@ -148,6 +158,9 @@ class DatasetIndex:
     #: ``{"algorithm", "samples": "checksums.npy", "sidecars": {file name: sha256}}``: how each sample's
     #: bytes are checked on read and every sidecar's hash; None for an index written before checksums.
     checksums: Mapping[str, Any] | None = None
+    #: ``{"samples": "sizes.npy", "unknown"}``: every sample's displayed image size is in ``sizes.npy``
+    #: (``unknown`` of them (0, 0)); None for an index without sizes (``fastfeed shapes DST`` adds them).
+    sizes: Mapping[str, Any] | None = None
     has_labels: bool = False
     version: int = JPEG_INDEX_VERSION
     fastfeed_version: str = ""
@@ -193,6 +206,13 @@ class DatasetIndex:
         return self._array(SHAPES_NAME) if self.store is not None else None
 
     @property
+    def image_sizes(self) -> np.ndarray | None:
+        """int32 (N, 2): the displayed (height, width) of each sample's image, EXIF orientation
+        applied ((0, 0): none, or an unreadable header), or None when the index records no sizes
+        (``fastfeed shapes DST`` adds them)."""
+        return self._array(SIZES_NAME) if self.sizes is not None else None
+
+    @property
     def sample_checksums(self) -> np.ndarray | None:
         """uint64 (N,) checksum of each sample's bytes (algorithm: ``checksums["algorithm"]``), or
         None for an index written before checksums."""
@@ -229,8 +249,12 @@ class DatasetIndex:
         shapes: np.ndarray | None = None,
         checksums: np.ndarray | None = None,
         algorithm: str | None = None,
+        sizes: np.ndarray | None = None,
     ) -> "DatasetIndex":
         """Return a copy holding the given sidecar arrays (for :meth:`save`).
+
+        With ``sizes`` (per sample the displayed image (height, width), (0, 0) for none) the
+        copy has a :attr:`sizes` entry.
 
         With ``checksums`` (per sample, of ``algorithm``: what ``pack`` writes) the copy's
         :attr:`checksums` entry also records the sha256 of every sidecar file :meth:`save`
@@ -243,6 +267,10 @@ class DatasetIndex:
             arrays[LABELS_NAME] = np.asarray(labels, dtype=np.int64)
         if lengths is not None:
             arrays[LENGTHS_NAME] = np.asarray(lengths, dtype=np.int64)
+        sizes_entry = None
+        if sizes is not None:
+            arrays[SIZES_NAME] = np.asarray(sizes, dtype=np.int32).reshape(-1, 2)
+            sizes_entry = _sizes_entry(arrays[SIZES_NAME])
         entry = None
         if checksums is not None:
             if algorithm is None:
@@ -250,7 +278,33 @@ class DatasetIndex:
             arrays[CHECKSUMS_NAME] = np.asarray(checksums, dtype=np.uint64).reshape(-1)
             entry = {"algorithm": algorithm, "samples": CHECKSUMS_NAME,
                      "sidecars": {name: sha256_hex(npy_bytes(arr)) for name, arr in sorted(arrays.items())}}
-        return replace(self, _arrays=arrays, has_labels=labels is not None, checksums=entry)
+        return replace(self, _arrays=arrays, has_labels=labels is not None, checksums=entry, sizes=sizes_entry)
+
+    def with_sizes(self, sizes: np.ndarray) -> "DatasetIndex":
+        """Return a copy that records ``sizes`` (int (N, 2): per sample the displayed image
+        (height, width), (0, 0) for none), for an index that is already written:
+        :meth:`save` then writes ``sizes.npy`` and ``index.json`` only (what ``fastfeed shapes``
+        does); the ``checksums`` entry gains the new file's sha256.
+
+        Raises:
+            IndexMismatchError: ``sizes`` does not have one (height, width) row per sample.
+
+        Example:
+            >>> idx = DatasetIndex("tar", 2, (ShardInfo("shard-000000.tar", 2, 4096, "0" * 64),))
+            >>> idx.with_sizes(np.array([[48, 64], [0, 0]])).sizes
+            {'samples': 'sizes.npy', 'unknown': 1}
+        """
+        arr = np.asarray(sizes)
+        if arr.ndim != 2 or arr.shape != (self.num_samples, 2) or arr.dtype.kind not in "iu" or (arr < 0).any():
+            raise IndexMismatchError(f"{self.root or 'index'}: sizes of shape {arr.shape} ({arr.dtype}); the index "
+                                     f"needs non-negative integers ({self.num_samples}, 2), one (height, width) per "
+                                     "sample")
+        arr = np.ascontiguousarray(arr, dtype=np.int32)
+        entry = self.checksums
+        if entry is not None:
+            entry = {**dict(entry), "sidecars": {**dict(entry.get("sidecars") or {}),
+                                                 SIZES_NAME: sha256_hex(npy_bytes(arr))}}
+        return replace(self, _arrays={SIZES_NAME: arr}, sizes=_sizes_entry(arr), checksums=entry)
 
     def with_sidecars(self, files: Mapping[str, bytes]) -> "DatasetIndex":
         """Return a copy holding the sidecars read from ``files`` (file name -> the file's bytes),
@@ -306,7 +360,7 @@ class DatasetIndex:
             "classes": None if self.classes is None else list(self.classes),
             "has_labels": self.has_labels,
             "lengths_field": self.lengths_field,
-            "arrays": sorted(self._arrays) if self._arrays else self._array_names(),
+            "arrays": sorted(set(self._arrays) | set(self._array_names())),
             "options": dict(self.options),
             "num_skipped": len(self.skipped),
             "skipped": [dict(s) for s in self.skipped],
@@ -314,6 +368,7 @@ class DatasetIndex:
             **({"tokenizer": dict(self.tokenizer)} if self.tokenizer is not None else {}),
             **({"store": dict(self.store)} if self.store is not None else {}),
             **({"checksums": _plain(self.checksums)} if self.checksums is not None else {}),
+            **({"sizes": dict(self.sizes)} if self.sizes is not None else {}),
         }
 
     def _array_names(self) -> list[str]:
@@ -326,6 +381,8 @@ class DatasetIndex:
             names.append(SHAPES_NAME)
         if self.checksums is not None:
             names.append(CHECKSUMS_NAME)
+        if self.sizes is not None:
+            names.append(SIZES_NAME)
         return sorted(names)
 
     def save(self, root: str | os.PathLike[str]) -> Path:
@@ -372,6 +429,7 @@ class DatasetIndex:
             tokenizer=None if d.get("tokenizer") is None else dict(d["tokenizer"]),
             store=None if store is None else dict(store),
             checksums=_checksums_entry(d.get("checksums"), where),
+            sizes=_read_sizes_entry(d.get("sizes"), where),
             has_labels=bool(d.get("has_labels", False)),
             version=int(version),
             fastfeed_version=str(d.get("fastfeed_version", "")),
@@ -435,6 +493,21 @@ def _checksums_entry(entry: Any, where: str) -> dict[str, Any] | None:
                                  "\"sidecars\"}}; the index is damaged, re-run `fastfeed pack`")
     return {"algorithm": entry["algorithm"], "samples": str(entry.get("samples", CHECKSUMS_NAME)),
             "sidecars": {str(k): str(v) for k, v in entry["sidecars"].items()}}
+
+
+def _sizes_entry(sizes: np.ndarray) -> dict[str, Any]:
+    """The ``sizes`` entry of ``index.json`` for ``sizes.npy`` holding ``sizes``."""
+    return {"samples": SIZES_NAME, "unknown": int(np.count_nonzero(sizes[:, 0] == 0)) if len(sizes) else 0}
+
+
+def _read_sizes_entry(entry: Any, where: str) -> dict[str, Any] | None:
+    """The ``sizes`` entry of ``index.json`` (None: an index without sizes), checked for shape."""
+    if entry is None:
+        return None
+    if not isinstance(entry, Mapping) or entry.get("samples") != SIZES_NAME:
+        raise IndexMismatchError(f"{where}: its \"sizes\" entry is not {{\"samples\": \"{SIZES_NAME}\", "
+                                 "\"unknown\"}; the index is damaged, run `fastfeed shapes DST --overwrite`")
+    return {"samples": SIZES_NAME, "unknown": int(entry.get("unknown", 0))}
 
 
 def join(root: str, name: str) -> str:

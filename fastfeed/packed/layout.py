@@ -9,6 +9,7 @@ removes exactly the files :data:`OWN_FILE` matches (nothing else in DST)::
     checksums.npy            per-sample checksums (see fastfeed.formats.checksum)
     labels.npy, lengths.npy  optional sidecars
     shapes.npy               per-sample (height, width) of raw pixels (``pack --store raw|mixed:P``)
+    sizes.npy                per-sample displayed (height, width) of the image (``pack``, ``fastfeed shapes``)
     skipped.txt              the inputs ``pack`` left out, one per line
     index.json               written last: the dataset is complete iff it exists
     .fastfeed-pack/          resume records of an unfinished ``pack`` (job.json, one per shard)
@@ -35,6 +36,7 @@ __all__ = [
     "RESUME_DIR",
     "SHAPES_NAME",
     "SIDECARS",
+    "SIZES_NAME",
     "SKIPPED_NAME",
     "dali_index_name",
     "resume_record",
@@ -47,7 +49,8 @@ LABELS_NAME = "labels.npy"
 LENGTHS_NAME = "lengths.npy"
 SHAPES_NAME = "shapes.npy"
 CHECKSUMS_NAME = "checksums.npy"
-SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME, CHECKSUMS_NAME)
+SIZES_NAME = "sizes.npy"
+SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME, CHECKSUMS_NAME, SIZES_NAME)
 SKIPPED_NAME = "skipped.txt"
 #: Folder of an unfinished ``pack``'s resume records; removed when the index is written.
 RESUME_DIR = ".fastfeed-pack"
@@ -56,7 +59,7 @@ JOB_RECORD = f"{RESUME_DIR}/job.json"
 #: Files fastfeed writes into DST (``--overwrite`` removes these and nothing else).
 OWN_FILE = re.compile(
     r"^(shard-\d{6,}\.(tar|lmdb|idx)(\.\d+\.tmp)?|index\.json|offsets\.npy|labels\.npy|"
-    r"lengths\.npy|shapes\.npy|checksums\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
+    r"lengths\.npy|shapes\.npy|checksums\.npy|sizes\.npy|skipped\.txt|\.[a-z]+\.(json|npy|txt)\.tmp-\d+)$"
 )
 
 

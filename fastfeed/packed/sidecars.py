@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from fastfeed.errors import IndexMismatchError, SampleError
-from fastfeed.packed.layout import CHECKSUMS_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME, SHAPES_NAME
+from fastfeed.packed.layout import CHECKSUMS_NAME, LABELS_NAME, LENGTHS_NAME, OFFSETS_NAME, SHAPES_NAME, SIZES_NAME
 
 __all__ = ["Layout", "check_content", "check_form", "check_hash", "check_sidecar", "file_sha256", "load_npy",
            "npy_bytes", "sha256_hex"]
@@ -42,7 +42,7 @@ __all__ = ["Layout", "check_content", "check_form", "check_hash", "check_sidecar
 #: Per sidecar: the dtype kinds it may have (numpy's ``dtype.kind``) and its number of columns (0: 1-D).
 _SPECS: dict[str, tuple[str, int]] = {
     OFFSETS_NAME: ("iu", 2), LABELS_NAME: ("iu", 0), LENGTHS_NAME: ("iu", 0), SHAPES_NAME: ("iu", 2),
-    CHECKSUMS_NAME: ("u", 0),
+    CHECKSUMS_NAME: ("u", 0), SIZES_NAME: ("iu", 2),
 }
 _FIX = "was changed or damaged after packing: restore it or re-run `fastfeed pack`"
 

@@ -1,7 +1,8 @@
 """Step 3 of packing: :func:`finalize` writes the index of the shards that were written.
 
 The sidecars (``offsets.npy``, ``labels.npy``, ``lengths.npy``, ``shapes.npy`` with ``--store raw``,
-``checksums.npy``: every sample's checksum), ``skipped.txt`` and, last
+``checksums.npy``: every sample's checksum, ``sizes.npy``: every image's displayed size, for datasets
+of images), ``skipped.txt`` and, last
 and atomically, ``index.json``: the dataset is complete iff ``index.json`` exists. Then the
 resume records and the files of older plans are removed.
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from fastfeed import __version__
 from fastfeed.errors import EmptySourceError, IndexMismatchError
+from fastfeed.formats.naming import holds_pixels
 from fastfeed.packed.index import INDEX_VERSION, JPEG_INDEX_VERSION, DatasetIndex, ShardInfo, atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SKIPPED_NAME
 from fastfeed.packing.dest import remove_own_files
@@ -84,6 +86,7 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
     if mode != "jpeg":
         shapes = np.array([hw for r in keep for hw in r.shapes], dtype=np.int32).reshape(-1, 2)
         store = summary(mode, share, keep)
+    sizes = _sizes(plan, keep)
     index = DatasetIndex(
         format=plan.options.format,
         num_samples=num,
@@ -99,12 +102,27 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         version=INDEX_VERSION if store is not None else JPEG_INDEX_VERSION,
         fastfeed_version=__version__,
     ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes, checksums=checksums,
-                  algorithm=algorithm)
+                  algorithm=algorithm, sizes=sizes)
     index.save(dst)
     own = [r.name for r in keep] + [r.dali_index for r in keep if r.dali_index]
     cleanup(plan, keep=own + index.to_json()["arrays"] + ([SKIPPED_NAME] if skipped else []))
     log.info("%s: %d samples in %d shard(s), %d skipped", show(plan.dst), num, len(keep), len(skipped))
     return replace(index, root=plan.dst)
+
+
+def _sizes(plan: PackPlan, keep: Sequence[ShardResult]) -> np.ndarray | None:
+    """Every sample's displayed image (height, width) in index order (``sizes.npy``), or None for a
+    dataset without images, or when a reused shard's resume record predates sizes (logged: `fastfeed
+    shapes DST` adds them afterwards)."""
+    if not any(holds_pixels(f) for r in keep for f in r.fields):
+        return None
+    old = [r.name for r in keep if len(r.sizes) != r.samples]
+    if old:
+        log.warning("%s: %d shard(s) (%s) were kept from a pack that recorded no image sizes; run `fastfeed "
+                    "shapes %s` to add them (the aspect-ratio sampler needs them)", show(plan.dst), len(old),
+                    old[0], show(plan.dst))
+        return None
+    return np.array([hw for r in keep for hw in r.sizes], dtype=np.int32).reshape(-1, 2)
 
 
 def _checksums(plan: PackPlan, keep: Sequence[ShardResult]) -> tuple[str, np.ndarray]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastfeed.decode import roi
+from fastfeed.decode.imagesize import sample_size
 from fastfeed.errors import ConfigError
 from fastfeed.formats import FORMATS
 from fastfeed.formats.checksum import pack_algorithm
@@ -83,6 +84,9 @@ class ShardResult:
         checksum: the per-sample checksum's algorithm (:mod:`fastfeed.formats.checksum`).
         checksums: per written sample, the checksum of the bytes its reader reads
             (``index.json``'s ``checksums``).
+        sizes: per written sample the displayed (height, width) of its image, read from the
+            stored image's header (EXIF orientation applied; the pixels' shape for raw pixels),
+            ``(0, 0)`` when it has none (``sizes.npy``); empty in a record written before sizes.
         reused: True when an earlier run's complete shard was kept.
     """
 
@@ -106,6 +110,7 @@ class ShardResult:
     encoded_bytes: int = 0
     checksum: str = ""
     checksums: list[int] = field(default_factory=list)
+    sizes: list[tuple[int, int]] = field(default_factory=list)
     reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -116,6 +121,7 @@ class ShardResult:
         d = dict(d)
         d["offsets"] = [(int(a), int(b)) for a, b in d["offsets"]]
         d["shapes"] = [(int(a), int(b)) for a, b in d.get("shapes", ())]
+        d["sizes"] = [(int(a), int(b)) for a, b in d.get("sizes", ())]
         return cls(**d)
 
 
@@ -228,6 +234,7 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         fields: set[str] = set()
         stores_pixels = plan.options.store != "jpeg"
         shapes: list[tuple[int, int]] = []
+        sizes: list[tuple[int, int]] = []
         raw_bytes = encoded_bytes = 0
         files = nbytes = pend_files = pend_bytes = 0
         last = time.monotonic()
@@ -240,6 +247,8 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
                 encoded_bytes += px.encoded
             elif stores_pixels:
                 shapes.append((0, 0))
+            sizes.append((int(px.array.shape[0]), int(px.array.shape[1])) if isinstance(px, Pixels)
+                         else sample_size(item.fields))
             offsets.append(writer.add(item.key, item.fields))
             labels.append(item.label)
             if lengths is not None:
@@ -283,5 +292,5 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         offsets=offsets, labels=labels, lengths=lengths, skipped=skipped, fields=sorted(fields),
         dali_index=dali_name, dali_sha256=dali_sha, fingerprint=fingerprint, files_read=files,
         bytes_read=nbytes, shapes=shapes, raw_bytes=raw_bytes, encoded_bytes=encoded_bytes,
-        checksum=algorithm, checksums=list(writer.checksums),
+        checksum=algorithm, checksums=list(writer.checksums), sizes=sizes,
     )

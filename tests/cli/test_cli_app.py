@@ -34,7 +34,7 @@ def test_public_names() -> None:
     assert fastfeed.cli.__all__ == sorted(fastfeed.cli.__all__)
     assert (EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED) == (0, 1, 2, 3, 130)
     assert fastfeed.cli.main is app.main and [c.name for c in app.COMMANDS] == [
-        "pack", "info", "verify", "tune", "balance", "doctor"]
+        "pack", "info", "verify", "shapes", "tune", "balance", "doctor"]
 
 
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,7 +74,8 @@ def test_pack_records_checksums_and_sidecar_hashes(packs: dict[str, Path]) -> No
         d = json.loads((ds / "index.json").read_text())
         entry = d["checksums"]
         assert entry["algorithm"] == pack_algorithm() and entry["samples"] == "checksums.npy"
-        assert set(entry["sidecars"]) == set(d["arrays"]) == {"checksums.npy", "labels.npy", "offsets.npy"}
+        assert set(entry["sidecars"]) == set(d["arrays"]) == {"checksums.npy", "labels.npy", "offsets.npy",
+                                                                "sizes.npy"}
         sums = np.load(ds / "checksums.npy")
         assert sums.dtype == np.uint64 and sums.shape == (60,)
         assert fastfeed.verify(ds).ok
