@@ -56,7 +56,7 @@ from fastfeed.packed.layout import (
 from fastfeed.packed.reader import resolve_index
 from fastfeed.storage.remote import is_gzip_tar, open_shard
 
-__all__ = ["InfoReport", "VerifyReport", "info", "store_line", "verify"]
+__all__ = ["ASPECTS", "InfoReport", "VerifyReport", "aspect_info", "aspect_lines", "info", "store_line", "verify"]
 
 _MAX_PROBLEMS_PER_SHARD = 50
 _T = TypeVar("_T")
@@ -155,6 +155,7 @@ class InfoReport(Mapping[str, Any]):
         samples_per_class: ``{"min", "max"}`` over the classes that have samples (None when no
             sample has a class); a key of the mapping only when ``has_labels``.
         tokenizer: the index's tokenizer entry plus ``total_tokens`` (``pack --tokenizer``; None without).
+        aspect: the images' aspect ratios from ``sizes.npy`` (:func:`aspect_info`; None without sizes).
 
     Example:
         >>> report = info("/data/in-ff")                    # doctest: +SKIP
@@ -187,6 +188,7 @@ class InfoReport(Mapping[str, Any]):
     note: str | None = None
     samples_per_class: dict[str, int] | None = None
     tokenizer: dict[str, Any] | None = None
+    aspect: dict[str, Any] | None = None
 
     @property
     def num_classes(self) -> int | None:
@@ -212,6 +214,8 @@ class InfoReport(Mapping[str, Any]):
             out["samples_per_class"] = None if self.samples_per_class is None else dict(self.samples_per_class)
         if self.tokenizer is not None:
             out["tokenizer"] = dict(self.tokenizer)
+        if self.aspect is not None:
+            out["aspect"] = dict(self.aspect)
         return out
 
     def text(self) -> str:
@@ -240,6 +244,7 @@ class InfoReport(Mapping[str, Any]):
             stored = f"ids in {t['tokens']}" if t.get("tokens") else "counted only"
             lines.append(f"  tokenizer  {t.get('field')} ({stored}): vocab {t.get('vocab_size')}, {t.get('dtype')}, "
                          f"pad id {t.get('pad_id')}, {t.get('total_tokens')} tokens")
+        lines += aspect_lines(self.aspect, self.path, self.fields, self.foreign)
         lines.append(self._order_line())
         where = " (hidden or damaged members, see -v)" if self.foreign else " (see skipped.txt)"
         lines.append(f"  skipped    {self.num_skipped}" + (where if self.num_skipped else ""))
@@ -304,7 +309,75 @@ def info(dst: str | os.PathLike[str]) -> InfoReport:
         fastfeed_version=idx.fastfeed_version, index_version=idx.version, fingerprint=idx.fingerprint,
         foreign=foreign, store=_store_info(idx, total), note=FOREIGN_NOTE.format(src=dst) if foreign else None,
         samples_per_class=_per_class(idx.labels), tokenizer=_tokenizer_info(idx),
+        aspect=aspect_info(idx.image_sizes),
     )
+
+
+#: The aspect ratios (width:height) ``info`` counts images by, each image at the nearest in log space.
+ASPECTS = ("1:4", "1:3", "1:2", "9:16", "2:3", "3:4", "4:5", "1:1", "5:4", "4:3", "3:2", "16:9", "2:1", "3:1", "4:1")
+
+
+def aspect_info(sizes: np.ndarray | None) -> dict[str, Any] | None:
+    """The aspect ratios of images of displayed ``sizes`` ((N, 2) height, width; (0, 0) unknown):
+    ``{"images", "unknown", "ratio": {"min", "median", "max"} (width / height), "near": {w:h: count}
+    (each image at the nearest of :data:`ASPECTS` in log space, most common first), "pixels":
+    {"min", "median", "max"}}``; None without sizes.
+
+    Example:
+        >>> a = aspect_info(np.array([[480, 640], [600, 800], [500, 500], [0, 0]]))
+        >>> a["images"], a["unknown"], a["near"], a["ratio"]["median"]
+        (3, 1, {'4:3': 2, '1:1': 1}, 1.3333)
+    """
+    if sizes is None:
+        return None
+    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    known = hw[(hw[:, 0] > 0) & (hw[:, 1] > 0)]
+    out: dict[str, Any] = {"images": int(len(known)), "unknown": int(len(hw) - len(known))}
+    if not len(known):
+        return out
+    ratio = known[:, 1] / known[:, 0]
+    names = np.array([float(w) / float(h) for w, h in (a.split(":") for a in ASPECTS)])
+    nearest = np.argmin(np.abs(np.log(ratio)[:, None] - np.log(names)[None, :]), axis=1)
+    counts = np.bincount(nearest, minlength=len(ASPECTS))
+    order = sorted(np.flatnonzero(counts).tolist(), key=lambda k: (-counts[k], k))
+    pixels = known[:, 0] * known[:, 1]
+    out.update(ratio={"min": round(float(ratio.min()), 4), "median": round(float(np.median(ratio)), 4),
+                      "max": round(float(ratio.max()), 4)},
+               near={ASPECTS[k]: int(counts[k]) for k in order},
+               pixels={"min": int(pixels.min()), "median": int(np.median(pixels)), "max": int(pixels.max())})
+    return out
+
+
+def aspect_lines(aspect: Mapping[str, Any] | None, path: str, fields: tuple[str, ...], foreign: bool) -> list[str]:
+    """``info``'s ``aspect`` lines: the aspect-ratio distribution of the images, or, for a dataset of
+    images packed without sizes, how to add them.
+
+    Example:
+        >>> print("\\n".join(aspect_lines(aspect_info(np.array([[480, 640], [600, 800], [500, 500]])), "ff",
+        ...                               ("jpg",), False)))
+          aspect     3 images, width/height 1.00-1.33 (median 1.33): 4:3 67%, 1:1 33%
+          pixels     median 0.31 MP (0.25 MP-0.48 MP)
+    """
+    if aspect is None:
+        if foreign or not any(is_image(f) or f == RAW_FIELD for f in fields):
+            return []
+        return [f"  aspect     not recorded (packed before image sizes were); `fastfeed shapes {path}` adds them"]
+    unknown = f"; {aspect['unknown']} without a readable image" if aspect.get("unknown") else ""
+    if not aspect.get("images"):
+        return [f"  aspect     no image with a readable size{unknown}"]
+    r, n = aspect["ratio"], aspect["images"]
+    near = aspect["near"]
+    shown = ", ".join(f"{name} {count / n:.0%}" for name, count in list(near.items())[:6])
+    more = ", ..." if len(near) > 6 else ""
+    px = aspect["pixels"]
+    return [f"  aspect     {n} images, width/height {r['min']:.2f}-{r['max']:.2f} (median {r['median']:.2f}): "
+            f"{shown}{more}{unknown}",
+            f"  pixels     median {_pixels(px['median'])} ({_pixels(px['min'])}-{_pixels(px['max'])})"]
+
+
+def _pixels(n: int) -> str:
+    """A pixel count for ``info``: megapixels from 0.1 MP, else pixels."""
+    return f"{n / 1e6:.2f} MP" if n >= 100_000 else f"{n:,} px"
 
 
 def _per_class(labels: np.ndarray | None) -> dict[str, int] | None:

@@ -122,6 +122,8 @@ def test_info_report_text_line_for_line(six_classes: Path, capsys: pytest.Captur
         "  fields     cls, jpg",
         _JPEG_STORE,
         "  classes    6 (n00000000, n00000001, n00000002, n00000003, ...); 4-4 samples per class",
+        "  aspect     24 images, width/height 1.33-1.33 (median 1.33): 4:3 100%",
+        "  pixels     median 1,200 px (1,200 px-1,200 px)",
         "  order      shuffled (seed 3)",
         "  skipped    0",
     ]
@@ -135,7 +137,8 @@ def test_info_report_json_and_mapping(six_classes: Path, capsys: pytest.CaptureF
     assert list(d) == ["path", "format", "input", "num_samples", "num_shards", "bytes", "samples_per_shard",
                        "shard_bytes", "fields", "num_classes", "classes", "has_labels", "dali_index", "num_skipped",
                        "lengths", "options", "fastfeed_version", "index_version", "fingerprint", "foreign", "store",
-                       "samples_per_class"]
+                       "samples_per_class", "aspect"]
+    assert d["aspect"]["near"] == {"4:3": 24} and d["aspect"]["unknown"] == 0
     assert (d["num_samples"], d["num_classes"], d["classes"][-1], d["fields"]) == (24, 6, "n00000005", ["cls", "jpg"])
     assert d["samples_per_class"] == {"min": 4, "max": 4} and d["store"] == {"mode": "jpeg"}
     assert main(["info", str(six_classes), "--json"]) == 0
