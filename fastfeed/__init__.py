@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "ShardResult": "fastfeed.packing.write",
     "Source": "fastfeed.loading.sources",
     "SourceError": "fastfeed.errors",
+    "StallError": "fastfeed.errors",
     "StateError": "fastfeed.errors",
     "StepMonitor": "fastfeed.diagnosis.monitor",
     "Storage": "fastfeed.loading.groups",

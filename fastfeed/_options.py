@@ -48,7 +48,7 @@ class Spec:
         metavar: the flag's placeholder in ``--help``.
         choices: the flag's allowed texts.
         legacy: the flat ``loader()`` keyword this option had before it was grouped
-            (default: the field's own name).
+            (None: the field's own name; ``""``: none, an option born in its group).
         extra: anything a backend needs to know about the option (read by name). The flag
             builder (:func:`fastfeed.cli.args.add_option_flags`) reads three: ``switch``
             (``"negatable"``: ``--x`` / ``--no-x``; ``"on"``: ``--x`` alone turns it on),

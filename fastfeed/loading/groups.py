@@ -187,11 +187,12 @@ class Workers:
     stall_timeout: float | str | None = option(
         120.0, "seconds the training loop may wait for a batch before the watchdog names the worker that holds "
                "it up, its state (stopped, in disk wait, reading which shard since when, alive but slow) and "
-               "the shard (decode='dali': the pipeline); a number or '5m'; None: no watchdog", check=_seconds)
+               "the shard (decode='dali': the pipeline); a number or '5m'; None: no watchdog", check=_seconds,
+        legacy="")
     on_stall: str = option(
         "log", "what a stall does: 'log' (one warning when the wait passes stall_timeout, again every 5 "
                "minutes while it lasts) or 'raise' (a fastfeed.errors.StallError; with num_workers=0 it logs)",
-        check=one_of(("log", "raise"), "'log' or 'raise'"))
+        check=one_of(("log", "raise"), "'log' or 'raise'"), legacy="")
 
 
 @group
@@ -258,15 +259,15 @@ class Storage:
     timeout: float | str | None = option(
         None, "seconds a remote connect or read may go without progress before it is given up and retried (a "
               "number or '90s'); None: $FASTFEED_STORAGE_TIMEOUT, else 60", check=_seconds,
-        legacy="storage_timeout")
+        legacy="")
     retries: int | None = option(
         None, "tries after the first of a remote read that failed or timed out, with backoff (1 s, doubling, at "
               "most 30 s); then a RemoteError names the URL; None: $FASTFEED_STORAGE_RETRIES, else 5",
-        check=_retries)
+        check=_retries, legacy="")
     verify: bool = option(
         True, "check every sample read against the checksum `fastfeed pack` recorded (a mismatch is a SampleError "
               "naming shard and key, or a counted skip with on_error='skip'); False: read unchecked (saves ~1% of the "
-              "CPU per image)", check=as_bool)
+              "CPU per image)", check=as_bool, legacy="")
 
 
 def _pad_id(value: Any, name: str) -> int | None:

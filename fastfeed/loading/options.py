@@ -165,7 +165,8 @@ _FLAT_SPECS = tuple((f, spec) for f, spec in specs(LoaderOptions) if f.name not 
 FLAT: tuple[str, ...] = tuple(f.name for f, _ in _FLAT_SPECS)
 #: Former flat spellings: old ``loader()`` keyword -> (group keyword, field).
 LEGACY: dict[str, tuple[str, str]] = {
-    (spec.legacy or f.name): (key, f.name) for key, cls in GROUPS.items() for f, spec in specs(cls)}
+    (spec.legacy or f.name): (key, f.name) for key, cls in GROUPS.items() for f, spec in specs(cls)
+    if spec.legacy != ""}  # legacy="": an option born in its group, with no former flat spelling
 #: What the source list took as parallel lists before :class:`Source`: old keyword -> Source field.
 LEGACY_SOURCE = {"weights": "weight", "subset": "subset", "filter": "filter"}
 
@@ -265,9 +266,14 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
 
 def _check_names(kwargs: Mapping[str, Any]) -> None:
     known = (*FLAT, *GROUPS, *LEGACY, *LEGACY_SOURCE)
+    fields_of = {f.name: (key, cls) for key, cls in GROUPS.items() for f, _ in specs(cls)}
     for name in kwargs:
         if name in known:
             continue
+        if name in fields_of:  # a grouped option born in its group: no flat spelling
+            key, cls = fields_of[name]
+            raise ConfigError(f"loader() got an unexpected keyword argument {name!r}; it is an option of "
+                              f"{cls.__name__}: pass {key}=fastfeed.{cls.__name__}({name}=...)")
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {close[0]}=?" if close else "; see help(fastfeed.loader)"
         raise ConfigError(f"loader() got an unexpected keyword argument {name!r}{hint}")

@@ -40,6 +40,7 @@ from fastfeed.loading.order.rankplan import PlanSpec, plan_spec
 from fastfeed.loading.order.selection import index_metadata, select
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import check_shards, resolve_index
+from fastfeed.storage.retry import with_policy
 
 __all__ = ["Source", "Sources", "as_sources", "check_source", "cursor_for", "open_sources"]
 
@@ -213,7 +214,8 @@ def open_sources(sources: Sequence[Source], o: LoaderOptions) -> Sources:
     indexes = []
     for src in sources:
         index = resolve_index(src.path, cache_dir=o.cache_dir, cache_size=o.storage.cache_size,
-                              storage_options=o.storage.options, on_error=o.on_error)
+                              storage_options=with_policy(o.storage.options, timeout=o.storage.timeout,
+                                                          retries=o.storage.retries), on_error=o.on_error)
         check_shards(index)
         indexes.append(index)
     names = tuple(_name(s.path, i) for s, i in zip(sources, indexes))
