@@ -38,8 +38,8 @@ __all__ = ["INFO", "PACK", "PACK_FLAGS", "VERIFY", "PackSummary"]
 #: The options of ``pack()`` that ``fastfeed pack`` takes, in the order of its ``--help``; each
 #: flag, its help line and default come from the option's definition (:mod:`fastfeed.packing.options`).
 PACK_FLAGS = ("input", "columns", "key", "tokenizer", "tokenize", "format", "shard_size", "samples_per_shard",
-              "workers", "shuffle", "seed", "max_side", "store", "quality", "jpeg_restarts", "length", "on_error",
-              "overwrite")
+              "workers", "shuffle", "seed", "max_side", "store", "quality", "jpeg_restarts", "max_pixels", "length",
+              "on_error", "allow_outside", "overwrite")
 
 
 def add_pack(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,7 @@ from fastfeed.packing.engines.local import Progress, run_local
 from fastfeed.packing.engines.objstore import RemoteDest, write_shard_remote
 from fastfeed.packing.engines.ray import cluster_restarts, connection, require_ray, run_ray
 from fastfeed.packing.finish import cleanup, finalize
-from fastfeed.packing.options import OPTIONS, PackOptions
+from fastfeed.packing.options import MAX_PIXELS, OPTIONS, PackOptions
 from fastfeed.packing.plan import PackPlan, ShardPlan, plan_pack
 from fastfeed.packing.sources.base import show
 from fastfeed.packing.write import ShardResult, write_shard
@@ -83,6 +83,8 @@ def pack(
     overwrite: bool = False,
     jpeg_restarts: bool | None = None,
     store: str = "jpeg",
+    max_pixels: int = MAX_PIXELS,
+    allow_outside: bool = False,
     progress: Progress | None = None,
     engine: str = "local",
     ray_address: str | None = None,

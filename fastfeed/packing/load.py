@@ -3,8 +3,10 @@
 :func:`shard_items` asks the plan's source (:meth:`~fastfeed.packing.sources.base.Source.read`)
 for the samples of one shard, with what the options ask of their images: every image is
 checked and re-encoded for ``max_side`` / ``jpeg_restarts`` by :func:`check_image`; an image
-stored as pixels (``--store raw``) is decoded by :func:`raw_image` instead. A bad image is a
-:class:`~fastfeed.packing.sources.base.Problem` that the source raises or records (``on_error``).
+stored as pixels (``--store raw``) is decoded by :func:`raw_image` instead. Both first hold the
+image's header against the pixel limit (``max_pixels``, :func:`~fastfeed.packing.content.pixels.pixel_problem`),
+before anything decodes it. A bad image is a :class:`~fastfeed.packing.sources.base.Problem` that the
+source raises or records (``on_error``).
 
 Example:
     >>> items = list(shard_items(plan, plan.shards[0], skipped=[]))   # doctest: +SKIP
@@ -28,7 +30,7 @@ from fastfeed.formats.images import (
     looks_like_image,
     reencode,
 )
-from fastfeed.packing.content.pixels import Pixels
+from fastfeed.packing.content.pixels import Pixels, header_size, pillow_admits, pixel_problem
 from fastfeed.packing.options import PackOptions
 from fastfeed.packing.plan import PackPlan, ShardPlan
 from fastfeed.packing.sources.base import Item, Member, Problem, Reading
@@ -53,19 +55,44 @@ def _image(opts: PackOptions, m: Member, data: bytes, pixels: bool) -> Any:
 _REFETCH = "copy or download the file again, remove it, or pass --on-error skip"
 
 
+def _within_limit(opts: PackOptions, m: Member, data: bytes, raw: bool) -> int:
+    """Check an image file against the pixel limit from its header (nothing decoded); returns its
+    pixels (0: the header is unreadable, and decoding it will say what is wrong).
+
+    Raises:
+        Problem: not an image, or over ``max_pixels``.
+    """
+    if not looks_like_image(data[:32], m.field):
+        raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
+                       f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
+    hw = header_size(data)
+    if hw is None:
+        return 0
+    found = pixel_problem(hw, jpeg=data[:3] == b"\xff\xd8\xff", field=m.field, raw=raw, max_side=opts.max_side,
+                          limit=opts.max_pixels)
+    if found is not None:
+        raise Problem(BadFileError, m.path or "", *found)
+    return hw[0] * hw[1]
+
+
 def check_image(opts: PackOptions, m: Member, data: bytes) -> bytes:
-    """An image member's bytes as stored: checked (an image, not truncated, no JPEG data libjpeg
-    finds corrupt), re-encoded for ``max_side``, with restart markers for ``jpeg_restarts``.
+    """An image member's bytes as stored: checked (an image within the pixel limit, not truncated,
+    no JPEG data libjpeg finds corrupt), re-encoded for ``max_side``, with restart markers for
+    ``jpeg_restarts``.
 
     A JPEG is decoded once to check it: by the lossless re-coding of ``jpeg_restarts`` when it
     runs (it reads every block), else strictly at 1/8 scale (:func:`jpeg_damage`, ~1.5 ms).
 
     Raises:
-        Problem: not an image, an image that does not decode, a truncated or corrupt JPEG.
+        Problem: not an image, over ``max_pixels``, an image that does not decode, a truncated or
+            corrupt JPEG.
     """
-    if not looks_like_image(data[:32], m.field):
-        raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
-                       f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
+    with pillow_admits(_within_limit(opts, m, data, raw=False)):
+        return _checked(opts, m, data)
+
+
+def _checked(opts: PackOptions, m: Member, data: bytes) -> bytes:
+    """:func:`check_image` once the image is within the limit."""
     restarts = opts.jpeg_restarts and data[:3] == b"\xff\xd8\xff"
     if opts.max_side is not None or not restarts:  # (re-encoding decodes leniently: check the source)
         if (why := jpeg_damage(data)) is not None:
@@ -87,15 +114,15 @@ def raw_image(opts: PackOptions, m: Member, data: bytes) -> Pixels:
     """An image file decoded for ``--store raw`` (:func:`fastfeed.decode.raw.to_pixels`, ``max_side`` applied).
 
     Raises:
-        Problem: not an image, a truncated JPEG, or an image that does not decode.
+        Problem: not an image, over ``max_pixels`` (it is decoded whole), a truncated JPEG, or an
+            image that does not decode.
     """
-    if not looks_like_image(data[:32], m.field):
-        raise Problem(BadFileError, m.path or "", f"has an image extension but is not an image "
-                       f"(starts with {data[:8]!r})", "fix or remove the file, or pass --on-error skip")
+    pixels = _within_limit(opts, m, data, raw=True)
     if (why := jpeg_truncated(data) or jpeg_damage(data)) is not None:
         raise Problem(BadFileError, m.path or "", why, _REFETCH)
     try:
-        arr = to_pixels(data, opts.max_side)
+        with pillow_admits(pixels):
+            arr = to_pixels(data, opts.max_side)
     except SampleError as e:
         raise Problem(BadFileError, m.path or "", f"{e} for --store {opts.store}",
                       "fix or remove the file, or pass --on-error skip") from None

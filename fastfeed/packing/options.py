@@ -39,12 +39,16 @@ from fastfeed.formats import FORMATS
 from fastfeed.host import cpu_count
 from fastfeed.packing.sources.base import INPUTS, TABLE_INPUTS, check_input, parse_length
 
-__all__ = ["MIN_SHARD_SIZE", "OPTIONS", "PackOptions", "RESTARTS_FIX"]
+__all__ = ["MAX_PIXELS", "MIN_SHARD_SIZE", "OPTIONS", "PackOptions", "RESTARTS_FIX"]
 
 log = logging.getLogger("fastfeed.pack")
 
 #: Shard sizes below this are almost always a missing unit (``--shard-size 256``).
 MIN_SHARD_SIZE = 1_000_000
+
+#: The default of ``max_pixels``: Pillow's decompression-bomb limit (the default of
+#: ``PIL.Image.MAX_IMAGE_PIXELS``), a 9459 x 9459 image, 268 MB of RGB pixels.
+MAX_PIXELS = 89_478_485
 
 #: How to get ``fastfeed._jpegroi`` built (for the messages of every engine).
 RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
@@ -245,6 +249,17 @@ class PackOptions:
                 "JPEGs (bound it with max_side); mixed:P: the share P of the images with the fewest pixels raw, "
                 "the rest JPEG (e.g. mixed:0.5). Folders, manifests and WebDataset tars only",
         check=_store, flag="--store", metavar="{jpeg,raw,mixed:P}")
+    max_pixels: int = option(
+        MAX_PIXELS, "the most pixels (width x height) an image may have, read from its header before anything "
+                    "decodes it, in every format and store mode: what pack decodes (a JPEG resized by max_side is "
+                    "decoded DCT-scaled, at 1/2 to 1/8 of its sides) and what it stores for the loader to decode; "
+                    "a larger image is an error naming it, or a skip (default: Pillow's decompression-bomb limit)",
+        check=_integer(1, hint=" (pixels, width x height)"), flag="--max-pixels", parse=parse_int, metavar="N")
+    allow_outside: bool = option(
+        False, "pack files that resolve outside SRC: symlinks whose target lies outside the folder, absolute or "
+               "../ paths of a JSONL manifest (SRC: the manifest's folder); they are counted in the pack summary "
+               "and the index (outside: the count and their folders). Off: each is an error naming it, or a skip",
+        check=as_bool, flag="--allow-outside", switch="on")
 
     def _check_together(self) -> dict[str, Any]:
         """The rules between options; resolves ``jpeg_restarts``."""
@@ -294,6 +309,8 @@ class PackOptions:
             "length": self.length, "on_error": self.on_error,
             **({"jpeg_restarts": True} if self.jpeg_restarts else {}),
             **({"store": self.store} if self.store != "jpeg" else {}),
+            **({"max_pixels": self.max_pixels} if self.max_pixels != MAX_PIXELS else {}),
+            **({"allow_outside": True} if self.allow_outside else {}),
             **{k: v for k, v in (("columns", self.columns), ("key", self.key), ("tokenize", self.tokenize))
                if v is not None},
         }

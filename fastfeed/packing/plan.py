@@ -186,7 +186,7 @@ def plan_pack(src: str | os.PathLike[str] | Any, dst: str | os.PathLike[str], **
     if isinstance(src, (str, os.PathLike)) and not is_url(src):
         check_not_inside(Path(src).absolute(), dst_path)
     source = open_source(src, input=opts.input, on_error=opts.on_error, length=opts.length,
-                         columns=opts.columns, key=opts.key, store=opts.store)
+                         columns=opts.columns, key=opts.key, store=opts.store, allow_outside=opts.allow_outside)
     return plan_source(source, dst_path, opts, tok)
 
 

@@ -22,11 +22,24 @@
 The choice is part of the plan (:attr:`fastfeed.packing.plan.ShardPlan.raw`), so every engine
 writes the same shards and a resumed pack continues the same job.
 
+**The pixel limit** (``pack(max_pixels=)``, ``--max-pixels``; default
+:data:`~fastfeed.packing.options.MAX_PIXELS`, Pillow's decompression-bomb limit) is one rule for
+every image format and every store mode, checked from the image's header before anything decodes it
+(:func:`pixel_problem`): the pixels pack holds for an image, :func:`held_pixels`, are what it decodes
+(a raw image is decoded whole; a JPEG that ``max_side`` resizes is decoded DCT-scaled, by 2, 4 or 8;
+other formats whole) or, for an image stored as it is, what the loader will decode. Pillow's own
+check is lifted (:func:`pillow_admits`) while pack decodes an image the limit admitted, so a raised
+``max_pixels`` is the one limit.
+
 Example:
     >>> parse_store("mixed:0.25"), parse_store("raw"), parse_store(None)
     (('mixed', 0.25), ('raw', 1.0), ('jpeg', 0.0))
     >>> choose_raw([400, 100, None, 100, 900], ["e", "d", "c", "b", "a"], 0.5)
     [False, True, False, True, False]
+    >>> held_pixels(20000, 20000, jpeg=True, field="jpg", raw=False, max_side=4096)   # decoded at 1/4
+    25000000
+    >>> held_pixels(20000, 20000, jpeg=True, field="jpg", raw=True, max_side=4096)    # decoded whole
+    400000000
 """
 
 from __future__ import annotations
@@ -35,17 +48,26 @@ import io
 import logging
 import math
 import os
-from typing import Any, NamedTuple, Sequence
+import sys
+import threading
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from fastfeed._util import format_bytes
+from fastfeed.decode.imagesize import image_size
 from fastfeed.decode.raw import fit_size, raw_bytes
 from fastfeed.errors import ConfigError
+from fastfeed.formats.images import sniff
+from fastfeed.formats.naming import last_ext
 from fastfeed.packing.sources.base import Member, SampleSpec, image_member
 from fastfeed.packing.sources.reader import read_source
 from fastfeed.storage.remote import is_url
 
-__all__ = ["STORES", "Pixels", "choose_raw", "parse_store", "plan_raw", "store_name"]
+__all__ = ["STORES", "Pixels", "choose_raw", "header_size", "held_pixels", "parse_store", "pillow_admits",
+           "pixel_problem", "plan_raw", "store_name"]
 
 log = logging.getLogger("fastfeed.pack")
 
@@ -94,6 +116,147 @@ def store_name(mode: str, share: float) -> str:
     return f"mixed:{share:g}" if mode == "mixed" else mode
 
 
+# ---------------------------------------------------------------- the pixel limit
+#: Field extensions whose images ``max_side`` re-encodes (the others are stored as they are).
+_REENCODED = frozenset({"jpg", "png", "webp"})
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) of an encoded image from its header (:func:`fastfeed.decode.imagesize.image_size`),
+    whatever its size: Pillow's decompression-bomb warning and refusal do not apply to a header
+    read; None when the header cannot be read.
+
+    Example:
+        >>> header_size(b"\\xff\\xd8\\xff\\xc0\\x00\\x11\\x08\\x4e\\x20\\x4e\\x20\\x03" + bytes(9))
+        (20000, 20000)
+    """
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        hw = image_size(data)
+    if hw is None and sniff(data[:32]) not in (None, "jpeg", "png"):  # Pillow refused a header: how large?
+        with pillow_admits(sys.maxsize):
+            hw = image_size(data)
+    return hw
+
+
+def held_pixels(height: int, width: int, *, jpeg: bool, field: str, raw: bool, max_side: int | None) -> int:
+    """The most pixels pack and the loader hold at once for an image of that size (see the module doc).
+
+    Args:
+        height, width: from the image's header.
+        jpeg: the bytes are a JPEG (decoded DCT-scaled when ``max_side`` resizes it).
+        field: the member's field (``max_side`` re-encodes ``jpg``, ``png`` and ``webp`` fields only).
+        raw: stored as pixels (decoded whole, then resized to ``max_side``).
+        max_side: ``pack --max-side``.
+
+    Example:
+        >>> held_pixels(375, 500, jpeg=True, field="jpg", raw=False, max_side=None)
+        187500
+    """
+    whole = height * width
+    if raw or max_side is None or max(height, width) <= max_side or last_ext(field) not in _REENCODED:
+        return whole  # decoded whole: now (raw), or by the loader (stored as it is)
+    th, tw = fit_size(height, width, max_side)
+    if not jpeg:
+        return whole  # PNG, WebP: decoded whole, then resized
+    ratio = min(height // th, width // tw)  # as Pillow's draft() picks the DCT scale
+    scale = next(d for d in (8, 4, 2, 1) if ratio >= d)
+    return max(-(-height // scale) * -(-width // scale), th * tw)
+
+
+def pixel_problem(size: tuple[int, int], *, jpeg: bool, field: str, raw: bool, max_side: int | None,
+                  limit: int) -> tuple[str, str] | None:
+    """``(reason, fix)`` when an image of ``size`` (height, width, from its :func:`header_size`) is
+    over the pixel ``limit`` as pack would hold it (:func:`held_pixels`), else None.
+
+    Example:
+        >>> pixel_problem((20000, 20000), jpeg=True, field="jpg", raw=False, max_side=None, limit=89_478_485)[0]
+        '20000 x 20000 image (400.0 megapixels) is over the pixel limit of 89,478,485 (max_pixels)'
+        >>> pixel_problem((20000, 20000), jpeg=True, field="jpg", raw=False, max_side=5000, limit=89_478_485)
+    """
+    h, w = size
+    held = held_pixels(h, w, jpeg=jpeg, field=field, raw=raw, max_side=max_side)
+    if held <= limit:
+        return None
+    what = f"{w} x {h} image ({_count(h * w)})"
+    if held != h * w:
+        what += f", decoded for --max-side {max_side} at {_count(held)},"
+    reason = f"{what} is over the pixel limit of {limit:,} (max_pixels)"
+    fixes = []
+    side = _fitting_side(h, w, limit) if jpeg and last_ext(field) in _REENCODED else None
+    if side is not None:
+        fixes.append(f"pass {'--store jpeg ' if raw else ''}--max-side {side} to store it smaller (a JPEG is then "
+                     "decoded at 1/2 to 1/8 scale)")
+    fixes += [f"pass --max-pixels {held} to allow it (decoding it then takes ~{format_bytes(3 * held)} of memory)",
+              "shrink the file first", "pass --on-error skip"]
+    return reason, ", ".join(fixes[:-1]) + ", or " + fixes[-1]
+
+
+def _count(pixels: int) -> str:
+    """``400.0 megapixels``, or ``40,000 pixels`` below a million."""
+    return f"{pixels / 1e6:.1f} megapixels" if pixels >= 1_000_000 else f"{pixels:,} pixels"
+
+
+def _fitting_side(height: int, width: int, limit: int) -> int | None:
+    """The largest ``max_side`` (of the longer side halved, quartered or divided by 8) that brings a
+    JPEG of that size within ``limit``, or None."""
+    for d in (2, 4, 8):
+        side = max(height, width) // d
+        if side >= 8 and held_pixels(height, width, jpeg=True, field="jpg", raw=False, max_side=side) <= limit:
+            return side
+    return None
+
+
+class _Lift:
+    """How many of this process's threads decode with Pillow's check lifted, and the limit to restore."""
+
+    lock = threading.Lock()
+    depth = 0
+    saved: int | None = None
+
+
+@contextmanager
+def pillow_admits(pixels: int) -> Iterator[None]:
+    """Lift Pillow's decompression-bomb check (``PIL.Image.MAX_IMAGE_PIXELS``) while pack decodes an
+    image of ``pixels`` that ``max_pixels`` admitted and that Pillow would warn about or refuse.
+
+    Nothing changes for an image within Pillow's limit (every image, with the default
+    ``max_pixels``, unless ``max_side`` lets a larger JPEG be decoded DCT-scaled). Pack's reader
+    threads share the lift: the limit is restored when the last of them is done. The limit is
+    process-wide: for that time it is also off for any other thread of the process that uses
+    Pillow (pack runs in-process only for small jobs).
+
+    Example:
+        >>> from PIL import Image
+        >>> with pillow_admits(10**12):
+        ...     Image.MAX_IMAGE_PIXELS is None
+        True
+        >>> Image.MAX_IMAGE_PIXELS is not None
+        True
+    """
+    from PIL import Image
+
+    with _Lift.lock:
+        limit = _Lift.saved if _Lift.depth else Image.MAX_IMAGE_PIXELS
+        lift = limit is not None and pixels > limit
+        if lift:
+            if _Lift.depth == 0:
+                _Lift.saved = Image.MAX_IMAGE_PIXELS
+                Image.MAX_IMAGE_PIXELS = None
+            _Lift.depth += 1
+    try:
+        yield
+    finally:
+        if lift:
+            with _Lift.lock:
+                _Lift.depth -= 1
+                if _Lift.depth == 0:
+                    Image.MAX_IMAGE_PIXELS = _Lift.saved
+
+
+# ---------------------------------------------------------------- raw pixels
 def _header_size(root: str, m: Member) -> tuple[int, int] | None:
     """Upright (height, width) of the image member, from its header (not decoded); None if unreadable."""
     from PIL import Image
@@ -108,9 +271,11 @@ def _header_size(root: str, m: Member) -> tuple[int, int] | None:
                 src = io.BytesIO(f.read(m.size))
         else:
             src = path
-        with Image.open(src) as im:
-            w, h = im.size
-            orient = int(im.getexif().get(0x0112, 1) or 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the writer applies max_pixels
+            with Image.open(src) as im:
+                w, h = im.size
+                orient = int(im.getexif().get(0x0112, 1) or 1)
     except Exception:  # noqa: BLE001 - Pillow raises many kinds on damaged headers; the writer reports it
         return None
     return (w, h) if orient in (5, 6, 7, 8) else (h, w)

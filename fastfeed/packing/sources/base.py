@@ -11,13 +11,25 @@
 The planner (:func:`fastfeed.packing.plan.plan_pack`) orders the units and cuts them into shards
 by their :class:`Measure`; the writer reads a planned shard's units back with :meth:`Source.read`,
 as :class:`Item` s. Besides, this module holds the records and rules the implementations share:
-keys that are safe member names, ``--length`` specs, a bad input met while reading (:class:`Problem`).
+keys that are safe member names, ``--length`` specs, a bad input met while reading (:class:`Problem`),
+and what came from outside the source (:func:`outside_entry`).
+
+**Confinement.** Every file a listed source packs must resolve inside its root (SRC, or the
+folder of a JSONL manifest): a symlink whose target is elsewhere, an absolute or ``../`` path
+of a manifest is an :class:`~fastfeed.errors.UnsafePathError` naming it and the fix
+(:data:`OUTSIDE_FIX`; a skip with ``on_error="skip"``), unless ``pack(allow_outside=True)`` (``--allow-outside``);
+then each such :class:`Member` carries the real folder it came from, and the source counts them:
+``Source.outside``, the index's ``outside`` entry and a line of the pack summary.
 
 Example:
     >>> key_problem("cat/0001"), key_problem("../etc/passwd")
     (None, "name contains '..'")
     >>> parse_length("json:num_tokens")
     ('json', 'num_tokens')
+    >>> outside_entry(["/data/in/train/n01", "/data/in/train/n02", "/data/in/train/n02"])
+    {'files': 3, 'roots': ['/data/in/train/n01', '/data/in/train/n02']}
+    >>> outside_entry(["/data/in/train/n01", "/data/in/train/n02", "/data/in/val"], limit=1)
+    {'files': 3, 'roots': ['/data/in']}
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ __all__ = [
     "INPUTS",
     "LENGTH_TEXT_EXTS",
     "MANIFEST_SUFFIXES",
+    "OUTSIDE_FIX",
+    "OUTSIDE_ROOTS",
     "TABLE_INPUTS",
     "Content",
     "Fields",
@@ -49,6 +63,7 @@ __all__ = [
     "image_member",
     "key_problem",
     "length_of_value",
+    "outside_entry",
     "parse_length",
     "resolve_length_member",
     "show",
@@ -61,6 +76,11 @@ TABLE_INPUTS = ("parquet", "hf")
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 #: Field extensions whose ``--length`` is the whitespace-token count of the text.
 LENGTH_TEXT_EXTS = frozenset({"txt", "text", "transcript", "md", "csv", "tsv"})
+#: The way to pack a file that resolves outside the source (part of every such error's fix).
+OUTSIDE_FIX = "pass --allow-outside to pack files from outside SRC (counted in the pack summary and the index)"
+#: At most this many folders name where the files from outside the source came from (the index's
+#: ``outside.roots``): their common parents when there are more.
+OUTSIDE_ROOTS = 8
 
 
 # ---------------------------------------------------------------- the protocol
@@ -113,7 +133,9 @@ class Member(NamedTuple):
     Exactly one source applies: ``path`` (a file, relative to the source's root or
     absolute; with ``offset``, the ``size`` bytes at that offset of it: a member of a
     WebDataset tar), ``data`` (inline bytes), or ``json_key`` (that key of the sample's
-    line in the JSONL manifest, re-read when the shard is written).
+    line in the JSONL manifest, re-read when the shard is written). ``outside``: the real
+    folder of a file that resolves outside the source's root (packed with ``allow_outside``),
+    else None.
     """
 
     field: str
@@ -123,6 +145,7 @@ class Member(NamedTuple):
     data: bytes | None = None
     json_key: str | None = None
     offset: int | None = None
+    outside: str | None = None
 
 
 class SampleSpec(NamedTuple):
@@ -186,6 +209,8 @@ class Source(Protocol):
         blocks: True when a unit is a block of rows kept whole: shards take consecutive units up to
             the limits. False: a unit is one sample, and shards get counts within one of each other.
         fields: the names ``--tokenize`` / ``--length`` may use.
+        outside: the files packed from outside the source (``allow_outside``):
+            ``{"files": N, "roots": [folders]}`` (:func:`outside_entry`), or None when none are.
 
     Example:
         >>> import pathlib, tempfile
@@ -237,6 +262,9 @@ class Source(Protocol):
 
     @property
     def fields(self) -> Fields: ...
+
+    @property
+    def outside(self) -> Mapping[str, Any] | None: ...
 
     def measure(self, unit: Any, fmt: str) -> Measure:
         """Rows, estimated shard bytes (``fmt``: ``tar`` or ``lmdb``), files and bytes read of ``unit``."""
@@ -381,6 +409,36 @@ def resolve_length_member(members: Iterable[Member], name: str) -> Member | None
             return m
     stems = [m for m in ms if m.field.rpartition(".")[0] == name.lower()]
     return stems[0] if len(stems) == 1 else None
+
+
+def outside_entry(folders: Iterable[str], limit: int = OUTSIDE_ROOTS) -> dict[str, Any] | None:
+    """What came from outside the source: ``{"files": N, "roots": [...]}`` from the real folder of
+    each such file, or None for none. The roots are at most ``limit`` folders that hold them all:
+    the folders themselves, or, when there are more, their parents, deepest first.
+
+    Example:
+        >>> outside_entry(["/a/x/1", "/a/x/2", "/b"], limit=2)
+        {'files': 3, 'roots': ['/a/x', '/b']}
+        >>> outside_entry([]) is None
+        True
+    """
+    count = 0
+    distinct: set[str] = set()
+    for folder in folders:
+        count += 1
+        distinct.add(folder)
+    if not count:
+        return None
+    parts = {tuple(d.rstrip("/").split("/")) for d in distinct}
+    while True:
+        kept: list[tuple[str, ...]] = []
+        for p in sorted(parts):  # a folder sorts right after its ancestors: keep the topmost
+            if not kept or p[:len(kept[-1])] != kept[-1]:
+                kept.append(p)
+        deepest = max(len(p) for p in kept)
+        if len(kept) <= limit or deepest <= 1:
+            return {"files": count, "roots": ["/".join(p) or "/" for p in kept]}
+        parts = {p[:-1] if len(p) == deepest else p for p in kept}
 
 
 def image_member(spec: SampleSpec) -> Member | None:

@@ -19,7 +19,9 @@ from its tree (:class:`~fastfeed.packing.sources.tree.LocalTree` or, for an fssp
 :class:`~fastfeed.packing.sources.remote.UrlTree`) and becomes a
 :class:`~fastfeed.packing.sources.samples.SampleSource`. A new format is one module in
 ``sources/`` and one line here. Names starting with ``.`` (``.DS_Store``, ``.git``) are never
-samples; they are listed in ``Source.ignored``. Every other problem is a
+samples; they are listed in ``Source.ignored``. A file that resolves outside SRC (a symlink out
+of the folder, an absolute or ``../`` path of a manifest: outside the manifest's folder) is
+refused unless ``allow_outside`` (:mod:`~fastfeed.packing.sources.base`, "Confinement"). Every other problem is a
 :class:`~fastfeed.errors.SourceError` that names the path and the fix: with
 ``on_error="raise"`` the first one is raised (mentioning how many more there are), with
 ``"skip"`` the sample is left out and recorded.
@@ -61,7 +63,7 @@ log = logging.getLogger("fastfeed.pack")
 
 def open_source(src: str | os.PathLike[str] | Any, *, input: str | None = None, on_error: str = "raise",
                 length: str | None = None, columns: str | Mapping[str, str] | None = None,
-                key: str | None = None, store: str = "jpeg") -> Source:
+                key: str | None = None, store: str = "jpeg", allow_outside: bool = False) -> Source:
     """Detect what ``src`` is (or take ``input``), list and validate it: the source to plan.
 
     Args:
@@ -71,6 +73,8 @@ def open_source(src: str | os.PathLike[str] | Any, *, input: str | None = None, 
         length: ``pack --length`` (checked for presence in every sample of a listed source).
         columns, key: for tables: the columns to pack and their fields, the key column.
         store: ``pack --store`` (tables refuse anything but ``jpeg``).
+        allow_outside: ``pack --allow-outside``: pack files that resolve outside SRC (counted in
+            ``Source.outside``); False: each is a problem.
 
     Raises:
         ConfigError: ``input`` does not fit SRC, or options that are not for this kind of input.
@@ -85,7 +89,7 @@ def open_source(src: str | os.PathLike[str] | Any, *, input: str | None = None, 
     if columns is not None or key is not None:
         raise ConfigError(f"{show(os.fspath(src))}: columns/key (--columns, --key) are for parquet and HF "
                           "datasets input; this SRC is not one (leave them out, or pass --input parquet)")
-    return _open_listed(src, input, on_error, length)
+    return _open_listed(src, input, on_error, length, allow_outside)
 
 
 def is_table(src: Any, input: str | None) -> bool:
@@ -113,20 +117,21 @@ def is_table(src: Any, input: str | None) -> bool:
     return input is None and (is_hf_folder(os.fspath(src)) or is_parquet_source(src))
 
 
-def _open_listed(src: str | os.PathLike[str], input: str | None, on_error: str, length: str | None) -> Source:
+def _open_listed(src: str | os.PathLike[str], input: str | None, on_error: str, length: str | None,
+                 allow_outside: bool) -> Source:
     """A folder, prefix or manifest: list it once, pick the layout, group its files into samples."""
     url = is_url(src)
     where = str(src).rstrip("/") if url else str(Path(src).absolute())
     tree, manifest = _locate(where)
     problems = Problems(on_error, tree.shown)
     if manifest is not None:
-        listing = manifest_source(tree, manifest, input, problems)
+        listing = manifest_source(tree, manifest, input, problems, allow_outside)
     elif input == "jsonl":
         raise ConfigError(f"{show(tree.shown)}: is a {tree.folder}, but --input jsonl needs a manifest {tree.noun}")
     else:
         listing = _list_folder(tree, input, problems)
     return listed_source(listing, tree, problems, src=where, location=where if url else os.path.realpath(where),
-                         on_error=on_error, length=length)
+                         on_error=on_error, length=length, allow_outside=allow_outside)
 
 
 def _list_folder(tree: Tree, kind: str | None, problems: Problems) -> Listing:

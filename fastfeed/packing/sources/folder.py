@@ -118,7 +118,8 @@ def imagefolder(tree: Tree, files: list[FileEntry], top_dirs: list[str], problem
         if not _file_ok(problems, tree, f, key):
             continue
         label = index[f.rel.split("/", 1)[0]]
-        members = (Member("cls", None, 0, 0, data=b"%d" % label), Member(ext, f.rel, f.size, f.mtime_ns))
+        members = (Member("cls", None, 0, 0, data=b"%d" % label),
+                   Member(ext, f.rel, f.size, f.mtime_ns, outside=f.outside))
         samples.append(SampleSpec(key, members, label))
     counts: dict[int, int] = defaultdict(int)
     for s in samples:
@@ -172,7 +173,8 @@ def files_by_key(tree: Tree, files: list[FileEntry], problems: Problems) -> List
             by_field[fld].append(f)
         if _report_duplicates(problems, key, by_field):
             continue
-        members = tuple(Member(fld, fs[0].rel, fs[0].size, fs[0].mtime_ns) for fld, fs in sorted(by_field.items()))
+        members = tuple(Member(fld, fs[0].rel, fs[0].size, fs[0].mtime_ns, outside=fs[0].outside)
+                        for fld, fs in sorted(by_field.items()))
         samples.append(SampleSpec(key, members))
     has_labels = any(m.field == "cls" for s in samples for m in s.members)
     _warn_tars(tree, files)

@@ -6,7 +6,9 @@ exactly the grouping and checks of a local folder (ImageFolder, files by key, JS
 manifests), so a prefix and a local copy of it give the same samples and the same skips.
 Names starting with ``.`` are ignored, as locally; object stores have no symlinks,
 permission bits or FIFOs, so those checks do not apply (an object that cannot be read
-fails, or is skipped, when its shard is written).
+fails, or is skipped, when its shard is written). A path a manifest names is outside the
+prefix (:meth:`UrlTree.outside`) when it is absolute, a URL, or climbs out with ``..`` (object
+keys may hold a literal ``..``, so it is never resolved against the prefix).
 
 Reading an object (:func:`fastfeed.packing.sources.reader.read_source`) fetches it whole or a
 byte range of it with :func:`fastfeed.storage.remote.with_retries`; a manifest or a
@@ -28,6 +30,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import posixpath
 from typing import IO, Any
 
 from fastfeed.errors import SourceError
@@ -57,6 +60,16 @@ class UrlTree:
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
+
+    def outside(self, path: str) -> str | None:
+        """``path`` as it would be read when it is not under the prefix (absolute, a URL, or a
+        ``..`` that climbs out of it), else None."""
+        if "://" in path or path.startswith("/"):
+            return path
+        norm = posixpath.normpath(path)
+        if norm == ".." or norm.startswith("../"):
+            return self.path(path)
+        return None
 
     def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
         """Every object under the root (files sorted by relative path); SourceError when none."""

@@ -5,7 +5,8 @@ An ImageFolder, files grouped by key (:mod:`~fastfeed.packing.sources.folder`), 
 on disk or on object storage, become a :class:`SampleSource`: its units are the samples
 (:class:`~fastfeed.packing.sources.base.SampleSpec`, sorted by key), each planned whole, so
 shards get counts within one of each other. :func:`listed_source` runs the checks every listing
-gets (``--length`` present, image headers probed with ``on_error="skip"``, sorted, not empty);
+gets (files from outside the source refused or counted, ``--length`` present, image headers probed
+with ``on_error="skip"``, sorted, not empty);
 :class:`~fastfeed.packing.sources.reader.SampleReader` reads the samples back for the writer.
 
 Example:
@@ -19,16 +20,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from fastfeed import __version__
-from fastfeed.errors import BadFileError, ConfigError, EmptySourceError, SourceError
+from fastfeed.errors import BadFileError, ConfigError, EmptySourceError, SourceError, UnsafePathError
 from fastfeed.formats.images import looks_like_image
 from fastfeed.formats.naming import is_image
 from fastfeed.packing.sources.base import (
+    OUTSIDE_FIX,
     Content,
     Fields,
     Item,
@@ -36,6 +39,7 @@ from fastfeed.packing.sources.base import (
     Member,
     Reading,
     SampleSpec,
+    outside_entry,
     parse_length,
     resolve_length_member,
     show,
@@ -44,6 +48,8 @@ from fastfeed.packing.sources.reader import SampleReader
 from fastfeed.packing.sources.tree import Listing, Problems, Tree
 
 __all__ = ["SampleSource", "listed_source", "probe"]
+
+log = logging.getLogger("fastfeed.pack")
 
 _TAR_MEMBER_OVERHEAD = 512
 
@@ -55,6 +61,11 @@ class SampleSource:
     See :class:`~fastfeed.packing.sources.base.Source` for the attributes; besides,
     ``manifest`` (the JSONL manifest's name inside ``root``, else None) and ``manifest_sha256``
     (its checksum, part of the content id).
+
+    Example:
+        >>> src = SampleSource("files", "/d", "/d", "/d", "/d", (), outside={"files": 2, "roots": ["/x"]})
+        >>> src.for_writer().outside
+        {'files': 2, 'roots': ['/x']}
     """
 
     kind: str
@@ -69,6 +80,7 @@ class SampleSource:
     manifest: str | None = None
     manifest_sha256: str | None = None
     has_labels: bool = False
+    outside: Mapping[str, Any] | None = None
 
     #: a unit is one sample: shards are dealt counts within one of each other
     blocks = False
@@ -129,7 +141,8 @@ class SampleSource:
         return Content(h.hexdigest()[:32], pillow)
 
     def for_writer(self) -> "SampleSource":
-        """Without its samples (each shard carries its own), skips and ignored names."""
+        """Without its samples (each shard carries its own), skips and ignored names (``outside``,
+        a count and a few folders, stays: the index records it)."""
         return replace(self, units=(), skipped=(), ignored=())
 
     def read(self, units: Sequence[SampleSpec], raw: Sequence[bool], reading: Reading) -> Iterator[Item]:
@@ -145,7 +158,8 @@ def _pillow_version() -> str:
 
 
 def listed_source(listing: Listing, tree: Tree, problems: Problems, *, src: str, location: str,
-                  on_error: str, length: str | None, probe_threads: int = 8) -> SampleSource:
+                  on_error: str, length: str | None, allow_outside: bool = False,
+                  probe_threads: int = 8) -> SampleSource:
     """The checks every listing gets (local or URL), then sorted: raises, or returns the source.
 
     Args:
@@ -154,11 +168,13 @@ def listed_source(listing: Listing, tree: Tree, problems: Problems, *, src: str,
         problems: the problems found so far (raised here with ``on_error="raise"``).
         src: the input as the plan names it (a folder, a manifest, a URL); messages name it.
         location: its resume identity (the resolved path, or the URL).
-        on_error, length: ``pack``'s options.
+        on_error, length, allow_outside: ``pack``'s options.
 
     Raises:
         SourceError: the first problem (``raise``), or EmptySourceError when nothing is left.
     """
+    if not allow_outside:
+        _refuse_outside(listing, tree, problems)
     _check_lengths(listing, length, problems)
     if on_error == "skip":
         probe(listing, tree, problems, probe_threads)
@@ -172,9 +188,34 @@ def listed_source(listing: Listing, tree: Tree, problems: Problems, *, src: str,
             extra = (f" (all {len(skipped)} candidate(s) were skipped; first: "
                      f"{first['path']}: {first['reason']})")
         raise EmptySourceError(f"{show(src)}: nothing to pack{extra}; check the path and --input")
+    outside = outside_entry(m.outside for s in listing.samples for m in s.members if m.outside is not None)
+    if outside is not None:
+        log.info("%s: %d file(s) packed from outside it (allow_outside), from %s", show(src), outside["files"],
+                    ", ".join(show(r) for r in outside["roots"]))
     return SampleSource(listing.kind, src, show(src), listing.root, location, tuple(listing.samples),
                         listing.classes, tuple(skipped), tuple(listing.ignored), listing.manifest,
-                        listing.manifest_sha256, listing.has_labels)
+                        listing.manifest_sha256, listing.has_labels, outside)
+
+
+def _refuse_outside(listing: Listing, tree: Tree, problems: Problems) -> None:
+    """Report every file of a folder (or of its tars) that resolves outside it, and leave its samples
+    out. (A manifest's paths are checked line by line, where the line is known.)"""
+    keep = []
+    reported: set[str] = set()
+    for s in listing.samples:
+        out = [m for m in s.members if m.outside is not None and m.path is not None]
+        if not out:
+            keep.append(s)
+            continue
+        for m in out:
+            if m.path in reported:
+                continue
+            reported.add(m.path or "")
+            real = tree.outside(m.path or "") or m.outside
+            problems.report(UnsafePathError, m.path or "", f"resolves outside SRC (to {show(str(real))}, through "
+                            "a symlink)", f"{OUTSIDE_FIX}, copy the file into SRC instead of linking to it, or pass "
+                            "--on-error skip", s.key)
+    listing.samples = keep
 
 
 def _check_lengths(src: Listing, spec: str | None, problems: Problems) -> None:

@@ -110,6 +110,8 @@ class TableSource:
     blocks = True
     classes = None
     ignored = ()
+    #: files from outside the source are not counted for tables (a ``{bytes, path}`` value's file is read as named)
+    outside = None
 
     @property
     def location(self) -> str:

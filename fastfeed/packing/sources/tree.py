@@ -8,8 +8,11 @@ is found becomes a :class:`Listing` (samples, plus what was left out and why), a
 (mentioning how many more there are), with ``"skip"`` the sample is left out and recorded.
 
 Listing a local folder follows symlinks (a loop, a broken link, a FIFO or an unreadable
-folder is a problem naming the path); names starting with ``.`` are never samples and are
-returned as ignored.
+folder is a problem naming the path) and marks every file that resolves outside the root (a
+symlinked file or folder whose target lies elsewhere: :attr:`FileEntry.outside`), so that the
+source can refuse it or count it (``allow_outside``, :func:`~fastfeed.packing.sources.samples.listed_source`);
+:meth:`LocalTree.outside` answers the same for one path (a JSONL manifest's). Names starting with
+``.`` are never samples and are returned as ignored.
 
 Example:
     >>> import tempfile
@@ -23,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple, Protocol
@@ -31,15 +35,17 @@ from fastfeed.errors import BadFileError, SourceError, UnsafePathError
 from fastfeed.formats.naming import is_hidden
 from fastfeed.packing.sources.base import SampleSpec, show
 
-__all__ = ["FileEntry", "FileStat", "Listing", "LocalTree", "Problems", "Tree"]
+__all__ = ["FileEntry", "FileStat", "Listing", "LocalTree", "Problems", "Tree", "within"]
 
 
 class FileEntry(NamedTuple):
-    """One file of a listed folder or prefix: its path relative to the root, size, mtime."""
+    """One file of a listed folder or prefix: its path relative to the root, size, mtime, and, when
+    it resolves outside the root (through a symlink), the real folder it is in (else None)."""
 
     rel: str
     size: int
     mtime_ns: int
+    outside: str | None = None
 
 
 @dataclass
@@ -115,6 +121,10 @@ class Tree(Protocol):
     def path(self, rel: str) -> str:
         """Where ``rel`` (relative to the root, or absolute) is: a path or a URL."""
 
+    def outside(self, path: str) -> str | None:
+        """Where ``path`` (relative to the root, or absolute) really is when that is outside the
+        root (the resolved path or URL), else None."""
+
     def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
         """Every file under the root, sorted: (files, top-level folders, ignored names)."""
 
@@ -143,9 +153,24 @@ class LocalTree:
     def __init__(self, root: str | os.PathLike[str], shown: str | None = None) -> None:
         self.shown = str(root) if shown is None else shown
         self.root = str(root)
+        self._real_root = os.path.realpath(self.root)
+        self._real_dirs: dict[str, str] = {}
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
+
+    def outside(self, path: str) -> str | None:
+        """The resolved path of ``path`` when it lies outside the root (``..``, an absolute path
+        elsewhere, a symlink out), else None. Each folder is resolved once (a manifest names
+        many files per folder)."""
+        head, tail = os.path.split(os.path.join(self.root, path))
+        real_head = self._real_dirs.get(head)
+        if real_head is None:
+            real_head = self._real_dirs[head] = os.path.realpath(head)
+        real = os.path.join(real_head, tail)
+        if tail in ("", ".", "..") or os.path.islink(real):
+            real = os.path.realpath(real)
+        return None if within(real, self._real_root) else real
 
     def list(self, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
         return _walk(Path(self.root), problems)
@@ -164,17 +189,33 @@ class LocalTree:
         return open(self.path(path), "rb")
 
 
+def within(path: str, root: str) -> bool:
+    """True when the (resolved) ``path`` is ``root`` or lies under it.
+
+    Example:
+        >>> within("/data/train/a.jpg", "/data/train"), within("/data/train2/a.jpg", "/data/train")
+        (True, False)
+    """
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def _walk(root: Path, problems: Problems) -> tuple[list[FileEntry], list[str], list[str]]:
-    """Walk ``root`` following symlinks: (regular files, top-level folders, ignored names)."""
+    """Walk ``root`` following symlinks: (regular files, top-level folders, ignored names).
+
+    Every folder's real path is carried along (a symlinked one resolved once), so a file that
+    resolves outside ``root`` is marked (:attr:`FileEntry.outside`) at the cost of one
+    ``realpath`` per symlink."""
     files: list[FileEntry] = []
     ignored: list[str] = []
     top_dirs: list[str] = []
     st0 = root.stat()
-    stack: list[tuple[str, str, dict[tuple[int, int], str]]] = [
-        ("", str(root), {(st0.st_dev, st0.st_ino): "."})
+    real_root = os.path.realpath(root)
+    stack: list[tuple[str, str, dict[tuple[int, int], str], str]] = [
+        ("", str(root), {(st0.st_dev, st0.st_ino): "."}, real_root)
     ]
     while stack:
-        rel_dir, abs_dir, ancestors = stack.pop()
+        rel_dir, abs_dir, ancestors, real_dir = stack.pop()
+        out_dir = None if within(real_dir, real_root) else real_dir
         try:
             with os.scandir(abs_dir) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -193,6 +234,8 @@ def _walk(root: Path, problems: Problems) -> tuple[list[FileEntry], list[str], l
             except OSError as err:
                 _report_stat_error(problems, rel, e.path, err)
                 continue
+            link = e.is_symlink()
+            real = os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)
             if stat.S_ISDIR(st.st_mode):
                 ident = (st.st_dev, st.st_ino)
                 if ident in ancestors:
@@ -202,9 +245,12 @@ def _walk(root: Path, problems: Problems) -> tuple[list[FileEntry], list[str], l
                     continue
                 if not rel_dir:
                     top_dirs.append(rel)
-                subdirs.append((rel, e.path, {**ancestors, ident: rel}))
+                subdirs.append((rel, e.path, {**ancestors, ident: rel}, real))
             elif stat.S_ISREG(st.st_mode):
-                files.append(FileEntry(rel, st.st_size, st.st_mtime_ns))
+                outside = out_dir
+                if link:
+                    outside = None if within(real, real_root) else sys.intern(os.path.dirname(real))
+                files.append(FileEntry(rel, st.st_size, st.st_mtime_ns, outside))
             else:
                 problems.report(BadFileError, rel, "not a regular file (a FIFO, socket or device)",
                                 "remove it, or pass --on-error skip")

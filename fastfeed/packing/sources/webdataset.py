@@ -66,7 +66,8 @@ def webdataset_source(tree: Tree, files: list[FileEntry], problems: Problems) ->
                                 "--on-error skip", key)
                 continue
             owner[key] = f.rel
-            specs = tuple(Member(ext, f.rel, size, f.mtime_ns, offset=off) for ext, off, size in sorted(members))
+            specs = tuple(Member(ext, f.rel, size, f.mtime_ns, offset=off, outside=f.outside)
+                          for ext, off, size in sorted(members))
             samples.append(SampleSpec(key, specs))
     has_labels = any(m.field == "cls" for s in samples for m in s.members)
     return Listing("webdataset", tree.root, samples, ignored=ignored, has_labels=has_labels)
