@@ -72,6 +72,8 @@ class PackSummary:
         tokens: the total token count (``--tokenizer`` only, else None).
         tokenizer: the index's tokenizer entry (None without).
         store: the index's ``store`` entry (``--store raw`` / ``mixed:P``; None for JPEGs).
+        outside: the index's ``outside`` entry, the files packed from outside SRC
+            (``--allow-outside``; None when none were).
 
     Example:
         >>> s = PackSummary("ff", False, 60, 1, "tar", 1_200_000, 0, "imagefolder", 3)
@@ -92,6 +94,7 @@ class PackSummary:
     tokens: int | None = None
     tokenizer: dict[str, Any] | None = None
     store: dict[str, Any] | None = None
+    outside: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, index: DatasetIndex, dst: str, *, already_complete: bool) -> PackSummary:
@@ -103,15 +106,19 @@ class PackSummary:
                    classes=None if index.classes is None else len(index.classes),
                    tokens=int(index.lengths.sum()) if counted else None,
                    tokenizer=None if index.tokenizer is None else dict(index.tokenizer),
-                   store=None if index.store is None else dict(index.store))
+                   store=None if index.store is None else dict(index.store),
+                   outside=None if index.outside is None else dict(index.outside))
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``fastfeed pack --json`` prints); ``tokens`` only with a tokenizer."""
+        """A JSON-ready dict (what ``fastfeed pack --json`` prints); ``tokens`` only with a tokenizer,
+        ``outside`` (``{"files", "roots"}``) only when files came from outside SRC."""
         out = {"dst": self.dst, "already_complete": self.already_complete, "num_samples": self.num_samples,
                "num_shards": self.num_shards, "format": self.format, "bytes": self.bytes, "skipped": self.skipped,
                "input": self.input, "classes": self.classes}
         if self.tokens is not None:
             out["tokens"] = self.tokens
+        if self.outside is not None:
+            out["outside"] = dict(self.outside)
         return out
 
     def text(self) -> str:
@@ -133,6 +140,9 @@ class PackSummary:
                          f"{t.get('dtype') if t.get('tokens') else 'counted only'}, pad id {t.get('pad_id')})")
         if self.store is not None:
             lines.append(store_line(self.store, self.bytes))
+        if self.outside is not None:
+            lines.append(f"{self.outside['files']} file(s) from outside SRC (--allow-outside), in "
+                         f"{', '.join(self.outside['roots'])}")
         if self.skipped:
             lines.append(f"skipped {self.skipped} input(s); see {self.dst}/skipped.txt")
         if not self.already_complete:

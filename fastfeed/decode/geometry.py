@@ -30,23 +30,31 @@ import numpy as np
 
 from fastfeed.errors import ConfigError
 
-__all__ = ["NUM_UNIFORMS", "center_crop", "check_crop", "dct_denominator", "normalize_image_size",
+__all__ = ["MAX_IMAGE_SIDE", "NUM_UNIFORMS", "center_crop", "check_crop", "dct_denominator", "normalize_image_size",
            "random_resized_crop", "uniforms"]
 
 _TRIES = 10
 #: Uniform draws per sample: 2 per try, 2 for the placement, 1 for the flip.
 NUM_UNIFORMS = 2 * _TRIES + 3
 FLIP = NUM_UNIFORMS - 1
+#: The largest side ``image_size`` may ask for: one 8192 x 8192 RGB output is 201 MB, a batch of 32 of
+#: them 6.4 GB (beyond, a typo such as ``image_size=100000`` would try to allocate 30 GB per image).
+MAX_IMAGE_SIDE = 8192
 
 def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
     """``224`` or ``(h, w)`` (a tuple, a list from JSON) -> ``(h, w)``; None stays None.
 
     Raises:
-        ConfigError: not an int or a pair of ints, or not positive.
+        ConfigError: not an int or a pair of ints, not positive, or a side over
+            :data:`MAX_IMAGE_SIDE`.
 
     Example:
         >>> normalize_image_size(224), normalize_image_size([160, 128]), normalize_image_size(None)
         ((224, 224), (160, 128), None)
+        >>> normalize_image_size(100000)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: image_size=100000: a side of at most 8192 pixels (one 100000 x 100000 RGB image is 30.0 GB, and a batch holds batch_size of them); pass the size the model takes (e.g. 224), or image_size=None for the images as stored
     """
     if image_size is None:
         return None
@@ -62,6 +70,11 @@ def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, i
             raise ConfigError(f"image_size={image_size!r}: give an int or (height, width)") from None
     if min(size) < 1:
         raise ConfigError(f"image_size={image_size!r} must be positive")
+    if max(size) > MAX_IMAGE_SIDE:
+        raise ConfigError(f"image_size={image_size!r}: a side of at most {MAX_IMAGE_SIDE} pixels (one {size[0]} x "
+                          f"{size[1]} RGB image is {3 * size[0] * size[1] / 1e9:.1f} GB, and a batch holds batch_size "
+                          "of them); pass the size the model takes (e.g. 224), or image_size=None for the images as "
+                          "stored")
     return size
 
 

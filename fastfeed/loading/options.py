@@ -74,6 +74,14 @@ __all__ = [
 DECODES = ("cpu", "dali", None)
 
 
+def _image_size(value: Any, name: str) -> tuple[int, int] | None:
+    """``image_size`` read the one way (:func:`fastfeed.decode.geometry.normalize_image_size`): an int or
+    (height, width), each side from 1 to :data:`~fastfeed.decode.geometry.MAX_IMAGE_SIDE`; None stays None."""
+    from fastfeed.decode.geometry import normalize_image_size  # numpy: not at import (see the imports)
+
+    return normalize_image_size(value)
+
+
 # ---------------------------------------------------------------------- the options object
 @dataclass(frozen=True)
 class LoaderOptions:
@@ -95,9 +103,10 @@ class LoaderOptions:
     decode: str | None = option("cpu", "'cpu': JPEG decode and crops in worker processes; 'dali': on the GPU "
                                 "through NVIDIA DALI; None ('none' on the command line): raw bytes", flag="--decode",
                                 choices=("cpu", "dali", "none"), parse=lambda text: None if text == "none" else text)
-    image_size: tuple[int, int] | None = option(None, "the output size (an int or (height, width)): random-"
-                                                "resized crops when augmenting, else a center crop; None: "
-                                                "images as stored", flag="--image-size", metavar="PX")
+    image_size: tuple[int, int] | None = option(None, "the output size (an int or (height, width), at most 8192 "
+                                                "pixels a side): random-resized crops when augmenting, else a "
+                                                "center crop; None: images as stored", check=_image_size,
+                                                flag="--image-size", metavar="PX")
     augment: bool = option(True, "random-resized crops and flips (see Crop); False: the evaluation crop",
                            check=as_bool)
     num_workers: int | str = option(
@@ -225,7 +234,6 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         ...                world_size=1).dali.num_threads
         2
     """
-    from fastfeed.decode.geometry import normalize_image_size  # numpy, torch: not at import (see the imports)
     from fastfeed.loading.textopts import text_settings
 
     _check_names(kwargs)
@@ -259,8 +267,7 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
     for f, spec in _FLAT_SPECS:
         if spec.check is not None and f.name not in ("rank", "world_size"):
             args[f.name] = spec.check(args[f.name], f.name)
-    args.update(batch_size=check_int("batch_size", args["batch_size"], 1), rank=rank, world_size=world_size,
-                image_size=normalize_image_size(args["image_size"]))
+    args.update(batch_size=check_int("batch_size", args["batch_size"], 1), rank=rank, world_size=world_size)
     return LoaderOptions(**args)
 
 

@@ -29,6 +29,11 @@ be read). ``pack`` writes it; ``fastfeed shapes DST`` adds it to a dataset packe
 existed, without re-packing. Like ``checksums``, it does not change the index version: an older
 fastfeed ignores it, and sizes are not part of the :attr:`~DatasetIndex.fingerprint`.
 
+``index.json``'s optional ``outside`` entry (``{"files": N, "roots": [folders]}``) says that ``N``
+files came from outside the source (``pack --allow-outside``: symlinks out of SRC, absolute or
+``../`` paths of a manifest) and names at most 8 folders that hold them; an index without it packed
+nothing from outside its source (or predates the entry).
+
 A dataset whose images are stored as pixels has a ``"store"`` entry in ``index.json`` and
 index version 2 (:data:`INDEX_VERSION`), so a fastfeed that predates raw pixels refuses it with
 :class:`~fastfeed.errors.IndexVersionError` instead of misreading it; datasets of encoded
@@ -161,6 +166,9 @@ class DatasetIndex:
     #: ``{"samples": "sizes.npy", "unknown"}``: every sample's displayed image size is in ``sizes.npy``
     #: (``unknown`` of them (0, 0)); None for an index without sizes (``fastfeed shapes DST`` adds them).
     sizes: Mapping[str, Any] | None = None
+    #: ``pack --allow-outside``: ``{"files": N, "roots": [folders]}``, the files packed from outside the
+    #: source and at most 8 folders holding them; None when none were.
+    outside: Mapping[str, Any] | None = None
     has_labels: bool = False
     version: int = JPEG_INDEX_VERSION
     fastfeed_version: str = ""
@@ -369,6 +377,8 @@ class DatasetIndex:
             **({"store": dict(self.store)} if self.store is not None else {}),
             **({"checksums": _plain(self.checksums)} if self.checksums is not None else {}),
             **({"sizes": dict(self.sizes)} if self.sizes is not None else {}),
+            **({"outside": {"files": int(self.outside["files"]), "roots": list(self.outside["roots"])}}
+               if self.outside is not None else {}),
         }
 
     def _array_names(self) -> list[str]:
@@ -430,6 +440,7 @@ class DatasetIndex:
             store=None if store is None else dict(store),
             checksums=_checksums_entry(d.get("checksums"), where),
             sizes=_read_sizes_entry(d.get("sizes"), where),
+            outside=_outside_entry(d.get("outside"), where),
             has_labels=bool(d.get("has_labels", False)),
             version=int(version),
             fastfeed_version=str(d.get("fastfeed_version", "")),
@@ -508,6 +519,17 @@ def _read_sizes_entry(entry: Any, where: str) -> dict[str, Any] | None:
         raise IndexMismatchError(f"{where}: its \"sizes\" entry is not {{\"samples\": \"{SIZES_NAME}\", "
                                  "\"unknown\"}; the index is damaged, run `fastfeed shapes DST --overwrite`")
     return {"samples": SIZES_NAME, "unknown": int(entry.get("unknown", 0))}
+
+
+def _outside_entry(entry: Any, where: str) -> dict[str, Any] | None:
+    """The ``outside`` entry of ``index.json`` (None: nothing came from outside the source), checked for shape."""
+    if entry is None:
+        return None
+    if (not isinstance(entry, Mapping) or not isinstance(entry.get("files"), int) or entry["files"] < 0
+            or not isinstance(entry.get("roots"), list) or not all(isinstance(r, str) for r in entry["roots"])):
+        raise IndexMismatchError(f"{where}: its \"outside\" entry is not {{\"files\": N, \"roots\": [folders]}}; "
+                                 "the index is damaged, re-run `fastfeed pack`")
+    return {"files": int(entry["files"]), "roots": [str(r) for r in entry["roots"]]}
 
 
 def join(root: str, name: str) -> str:

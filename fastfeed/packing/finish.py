@@ -99,6 +99,7 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         lengths_field=plan.lengths_field,
         tokenizer=plan.tokens.index_meta() if plan.tokens is not None else None,
         store=store,
+        outside=plan.source.outside,  # files packed from outside SRC (allow_outside), else None
         version=INDEX_VERSION if store is not None else JPEG_INDEX_VERSION,
         fastfeed_version=__version__,
     ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes, checksums=checksums,
