@@ -261,6 +261,10 @@ CONFIRM_SCALE = 1.5
 CONFIRM_TOP, CONFIRM_ROUNDS = 3, 2
 #: Share of the time budget kept for confirmation.
 CONFIRM_SHARE = 0.4
+#: Seconds per trial when the batch is larger than the dataset per rank (only num_workers=0 is measured).
+SMALL_TRIAL_S = 2.0
+#: Why only num_workers=0 is measured then.
+SMALL_WHY = "every epoch is one partial batch, which no worker can prepare ahead"
 
 
 def _per_trial_time(budget: float, space: SearchSpace, cap: int, cores_per_rank: int) -> float:
@@ -385,6 +389,13 @@ def tune(
     per_trial = trial_time if trial_time is not None else _per_trial_time(budget, space, cap, cores_per_rank)
     if per_trial <= 0:
         raise ConfigError(f"trial_time={trial_time} must be > 0 seconds")
+    world = resolve_world()[1]
+    note = small_dataset_note(index.num_samples, batch_size, world)
+    confirm_top = CONFIRM_TOP
+    if note:  # checked before measuring: said at once, then the one setting that makes sense, briefly
+        space, per_trial, confirm_top = replace(space, workers=(0,), knobs=()), min(per_trial, SMALL_TRIAL_S), 0
+        log.warning("tune: %s: %s", note.partition(": ")[0], SMALL_WHY + ", so only num_workers=0 is measured "
+                    "(a few seconds); the warning at the end says what to do")
     log.info("tune: %d cores (%d per rank), %.1f s per setting, memory budget %s", cores,
              cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
 
@@ -397,7 +408,7 @@ def tune(
     start = time.monotonic()
     out = search(measure_fn, cores=cores, space=space, local_world_size=ranks,
                  max_workers=max_workers, target_rate=target_rate, headroom=headroom,
-                 memory_budget=mem_budget, time_budget=budget, confirm_top=CONFIRM_TOP,
+                 memory_budget=mem_budget, time_budget=budget, confirm_top=confirm_top,
                  confirm_rounds=CONFIRM_ROUNDS, confirm_fn=confirm_fn, confirm_scale=CONFIRM_SCALE,
                  confirm_share=CONFIRM_SHARE, on_trial=on_trial)
     key = TuneKey.current(index.fingerprint, batch_size=batch_size, decode=decode,
@@ -405,10 +416,11 @@ def tune(
     m = out.best.measurement
     if m is None:  # pragma: no cover - search only chooses measured trials
         raise ConfigError("tune: the chosen setting has no measurement")
-    note = small_dataset_note(index.num_samples, batch_size, resolve_world()[1])
-    if note:  # in result.notes (summary, JSON); logged at INFO so the CLI does not say it twice
-        log.info("tune: %s", note)
-    result = TuneResult(str(path), key, out.best.setting, m, out.trials, out.reason, target_rate,
+    reason = out.reason
+    if note:  # in result.notes (summary, JSON) with what to do; said in short before measuring
+        reason = (f"{SMALL_WHY} ({index.num_samples // world} samples per rank, batch {batch_size}): "
+                  f"num_workers=0, measured once ({out.rate:,.0f} samples/s)")
+    result = TuneResult(str(path), key, out.best.setting, m, out.trials, reason, target_rate,
                         out.target_met, cores, cores_per_rank, mem_budget, budget,
                         time.monotonic() - start, out.out_of_time, confirmed=out.confirmed,
                         notes=(note,) if note else ())

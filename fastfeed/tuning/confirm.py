@@ -37,7 +37,7 @@ import numpy as np
 
 from fastfeed.knobs.space import Setting
 
-__all__ = ["MAX_TIE", "Confirmed", "choose", "confirm", "top_candidates"]
+__all__ = ["MAX_TIE", "Confirmed", "choose", "confirm", "figure", "top_candidates"]
 
 #: Largest relative gap that still counts as "within the noise" when choosing.
 MAX_TIE = 0.04
@@ -93,6 +93,28 @@ class Confirmed:
         """The round whose rate is nearest the median (the slower one on a tie)."""
         ok = [t for t in self.trials if t.ok]
         return min(ok, key=lambda t: (abs(t.rate - self.rate), t.rate))
+
+
+def figure(setting: Setting, trials: Sequence[Any], confirmed: Sequence[Confirmed] = ()) -> float:
+    """The one figure of ``setting`` that tune reports: headline, table, JSON, plot and store.
+
+    The median of its confirmation rounds when it was re-measured (the figure the choice was
+    made on), else the rate of its search trial (the search measures a setting once); 0.0
+    when it was never measured.
+
+    Example:
+        >>> from fastfeed.timing.measure import Measurement
+        >>> from fastfeed.tuning.search import Trial
+        >>> m = lambda r: Measurement(r, r / 8, r, r, r, 40, 320, 1.0, 2.0, 0.5, 8, 0.2, 1, (), ())
+        >>> s = Setting(4, 2)
+        >>> trials = [Trial(s, "workers", m(1500.0)), Trial(s, "confirm", m(1000.0)), Trial(s, "confirm", m(1200.0))]
+        >>> figure(s, trials), figure(s, trials, [Confirmed(s, 1500.0, tuple(trials[1:]))])
+        (1500.0, 1100.0)
+    """
+    for c in confirmed:
+        if c.setting == setting and c.rates:
+            return c.rate
+    return next((t.rate for t in trials if t.ok and t.setting == setting and t.phase != "confirm"), 0.0)
 
 
 def _cost(s: Setting) -> tuple[int, int]:

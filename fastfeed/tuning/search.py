@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 from fastfeed.errors import ConfigError
 from fastfeed.timing.measure import Measurement
-from fastfeed.tuning.confirm import Confirmed, choose, confirm, top_candidates
+from fastfeed.tuning.confirm import Confirmed, choose, confirm, figure, top_candidates
 from fastfeed.knobs.space import Knob, SearchSpace, Setting, worker_ladder
 
 __all__ = ["SearchOutcome", "Trial", "search"]
@@ -105,7 +105,8 @@ class SearchOutcome:
 
     Attributes:
         trials: every trial, in the order run.
-        best: the chosen trial.
+        best: the chosen trial (after step 5, its confirmation round nearest their median: :attr:`rate`
+            is the setting's figure).
         reason: one sentence: why this setting.
         target_rate: the target the choice had to meet (samples/s), or None.
         target_met: whether it does (None without a target).
@@ -120,6 +121,12 @@ class SearchOutcome:
     target_met: bool | None = None
     out_of_time: bool = False
     confirmed: tuple[Confirmed, ...] = ()
+
+    @property
+    def rate(self) -> float:
+        """The chosen setting's figure, the one the choice was made on (:func:`~fastfeed.tuning.confirm.figure`):
+        the median of its confirmation rounds when step 5 ran, else its search trial's rate."""
+        return figure(self.best.setting, self.trials, self.confirmed)
 
 
 # ---------------------------------------------------------------------- helpers
