@@ -46,7 +46,6 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import gc
 import logging
 import os
@@ -82,6 +81,7 @@ from fastfeed.loading.dali.graph import (
     probe_pipeline,
     split_threads,
 )
+from fastfeed.loading.dali.wait import OutputWait
 from fastfeed.loading.dali.reuse import PipelineSet, adopt, keep_warm, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
 from fastfeed.errors import ConfigError, FastfeedError, SampleError, StallError
@@ -94,7 +94,7 @@ from fastfeed.loading.stats import LoaderStats
 from fastfeed.storage.retry import with_policy
 
 # build_pipeline lives in fastfeed.loading.dali.graph; importable from here too
-__all__ = ["DaliLoader", "OutputWait", "build_pipeline"]
+__all__ = ["DaliLoader", "build_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,6 @@ _SAMPLE_NO = re.compile(r"sample #(\d+)")
 _AHEAD = 1  # batches fed beyond the ones DALI runs (so each run finds its input fed)
 _TABLES: dict[tuple[str, str, str | None], SampleTable] = {}  # the last tables read, reused
 _TABLES_KEPT = 8
-_REPEAT_S = 300.0  # seconds between two warnings of one stall that lasts
 _ABANDONED: list[Any] = []  # pipelines that never returned, with what they were fed: kept, never destroyed
 
 
@@ -602,58 +601,3 @@ def _first_line(text: str) -> str:
         if ln.startswith("encountered") and k + 1 < len(lines):
             return lines[k + 1]
     return lines[0] if lines else "unknown DALI error"
-
-
-class OutputWait:
-    """Waits for a DALI pipeline's outputs on a helper thread, so that a pipeline that never
-    returns is reported (``on_stall="log"``: a warning at ``stall_timeout``, again every 5
-    minutes, and a line when it ends) or raised (``"raise"``: a StallError).
-
-    ``share_outputs`` blocks in DALI's C++ code, which nothing interrupts; waiting for it from
-    another thread is what lets the training thread look at the clock. Its errors (a sample
-    DALI cannot decode) come back as they are.
-
-    Example:
-        >>> wait = OutputWait(stall_timeout=60, on_stall="log")
-        >>> class Pipe:
-        ...     def share_outputs(self):
-        ...         return "outputs"
-        >>> wait.outputs(Pipe(), "epoch 0, batch 0")
-        'outputs'
-    """
-
-    def __init__(self, stall_timeout: float, on_stall: str) -> None:
-        self.stall_timeout, self.on_stall = float(stall_timeout), on_stall
-        self.stalls = 0
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def outputs(self, pipe: Any, where: str) -> Any:
-        """``pipe.share_outputs()``, waited for as the class docstring says (``where``: for messages)."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastfeed-dali-wait")
-        future = self._pool.submit(pipe.share_outputs)
-        t0 = time.monotonic()
-        wait, said = self.stall_timeout, False
-        while True:
-            try:
-                outs = future.result(timeout=wait)
-                break
-            except concurrent.futures.TimeoutError:
-                waited = time.monotonic() - t0
-                text = (f"DALI pipeline stalled: no batch for {waited:.0f} s ({where}); the pipeline has not "
-                        "returned its output: DALI's own threads or the GPU hold it up (a decoder or a kernel "
-                        "that does not return)")
-                if self.on_stall == "raise":
-                    self._pool.shutdown(wait=False)  # its thread stays in the pipeline
-                    raise StallError(f"{text}; the pipeline is abandoned, the next batch builds new ones; "
-                                     "Workers(stall_timeout=) sets the wait",
-                                     state="the DALI pipeline does not return", waited=waited) from None
-                if not said:
-                    self.stalls += 1
-                log.warning("%s; Workers(on_stall='raise') makes this an error, stall_timeout= sets the wait%s",
-                            text, " (still)" if said else "")
-                wait, said = _REPEAT_S, True
-        if said:
-            log.warning("DALI pipeline stall over: a batch came after %.0f s", time.monotonic() - t0)
-        return outs
-
