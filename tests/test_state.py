@@ -20,6 +20,7 @@ from fastfeed.loading.order.cursor import EpochCursor
 from fastfeed.loading.order.elastic import ElasticState, Stage
 from fastfeed.loading.order.rankplan import plan_spec
 from fastfeed.loading.order.selection import Selection
+from fastfeed.sampling.aspect import DistributedAspectRatioSampler
 from fastfeed.sampling.samplers import DistributedLengthBucketSampler, DistributedTokenBudgetSampler
 
 from _loader_data import write_dataset
@@ -315,9 +316,14 @@ def _sampler_v1(state: dict[str, Any]) -> dict[str, Any] | None:
 
 def _make_sampler(kind: str) -> Callable[[Shape, Path], Any]:
     lengths = np.random.default_rng(7).integers(5, 300, size=97)
+    sizes = np.random.default_rng(8).integers(40, 400, size=(97, 2))
 
     def make(shape: Shape, root: Path) -> Any:
         common = dict(num_replicas=shape.world, rank=shape.rank, seed=3, jitter=0.03, drop_last=shape.mode == "drop")
+        if kind == "aspect":
+            common.pop("jitter")
+            return DistributedAspectRatioSampler(sizes, resolution=128, batch_size=shape.batch, max_upscale=None,
+                                                 **common)
         if kind == "bucket":
             return DistributedLengthBucketSampler(lengths, batch_size=shape.batch, **common)
         return DistributedTokenBudgetSampler(lengths, max_cost=300 * shape.batch, **common)
@@ -337,6 +343,8 @@ CASES = (
              _shapes((1, 2, 3, 5), (2, 5), ("pad", "drop"))),
     Stateful("budget", _make_sampler("budget"), iter, "version", "step", _sampler_v1, lambda s, st: True,
              _shapes((1, 2, 4), (2,), ("pad", "drop"))),
+    Stateful("aspect", _make_sampler("aspect"), iter, "version", "step", _sampler_v1, lambda s, st: True,
+             _shapes((1, 2, 5), (3,), ("pad", "drop"))),
 )
 EPOCHS = 2
 _PARAMS = [pytest.param(case, shape, id=f"{case.name}-{shape}") for case in CASES for shape in case.shapes]

@@ -55,11 +55,13 @@ def stage_seed(seed: int, stage: int) -> int:
 
 
 def rest_samples(plan: Plan, steps: int) -> np.ndarray:
-    """Samples of the steps not yet run after ``steps`` steps (all ranks, with multiplicity)."""
+    """Samples of the steps not yet run after ``steps`` steps (all ranks, with multiplicity; a
+    padding repeat the plan flags in ``valid`` is not a sample and is left out)."""
     if not 0 <= steps <= plan.num_steps:
         raise StateError(f"steps={steps} outside [0, {plan.num_steps}] for this epoch's plan")
     todo = plan.order[steps:]
-    return plan.samples[ranges(plan.starts[todo].ravel(), plan.counts[todo].ravel())]
+    at = ranges(plan.starts[todo].ravel(), plan.counts[todo].ravel())
+    return plan.samples[at] if plan.valid is None else plan.samples[at[plan.valid[at]]]
 
 
 def restrict(plan: Plan, ids: np.ndarray | None) -> Plan:

@@ -60,6 +60,8 @@ class Plan:
         order: (S,) the epoch order: the t-th step run is step ``order[t]``.
         num_repeats: samples drawn twice this epoch (remainder policy).
         num_dropped: samples left out this epoch (remainder policy or skipped).
+        valid: bool, aligned with ``samples``: False on a padding repeat (the aspect-ratio
+            sampler flags its at most ``W - 1`` repeats); None: every sample is real.
     """
 
     samples: np.ndarray
@@ -69,6 +71,7 @@ class Plan:
     order: np.ndarray
     num_repeats: int = 0
     num_dropped: int = 0
+    valid: np.ndarray | None = field(default=None, repr=False)
     _features: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
     @property
@@ -84,6 +87,14 @@ class Plan:
         st = self.starts[self.order, rank]
         ct = self.counts[self.order, rank]
         return self.samples[ranges(st, ct)], np.concatenate([[0], np.cumsum(ct)])
+
+    def rank_valid(self, rank: int) -> np.ndarray:
+        """This rank's ``valid`` flags, aligned with :meth:`rank_batches`' flat indices."""
+        st = self.starts[self.order, rank]
+        ct = self.counts[self.order, rank]
+        if self.valid is None:
+            return np.ones(int(ct.sum()), dtype=bool)
+        return self.valid[ranges(st, ct)]
 
     def features(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per batch (count, longest, sum of lengths, sum of squares), (S, W) each, in length order."""
