@@ -40,7 +40,7 @@ from fastfeed._util import format_bytes
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.formats import FORMATS
 from fastfeed.formats.images import decode_error
-from fastfeed.formats.naming import RAW_FIELD, is_image, split_key
+from fastfeed.formats.naming import RAW_FIELD, is_image, last_ext, split_key
 from fastfeed.formats.wds import scan_tar
 from fastfeed.host import cpu_count
 from fastfeed.packed.index import DatasetIndex, ShardInfo
@@ -56,7 +56,8 @@ from fastfeed.packed.layout import (
 from fastfeed.packed.reader import resolve_index
 from fastfeed.storage.remote import is_gzip_tar, open_shard
 
-__all__ = ["ASPECTS", "InfoReport", "VerifyReport", "aspect_info", "aspect_lines", "info", "store_line", "verify"]
+__all__ = ["ASPECTS", "InfoReport", "VerifyReport", "aspect_info", "aspect_lines", "encoded_store_line", "image_kinds",
+           "info", "store_line", "verify"]
 
 _MAX_PROBLEMS_PER_SHARD = 50
 _T = TypeVar("_T")
@@ -70,7 +71,12 @@ class VerifyReport:
         path: the dataset folder.
         ok: True when no problem was found.
         problems: one line per problem, naming the file or shard and what to do.
-        shards, samples, images, bytes: what was checked.
+        shards: shards checked.
+        samples: samples read.
+        images: encoded images (image files) found; each one decoded unless ``decoded`` is False.
+        bytes: bytes of the shards checked.
+        pixels: images stored as pixels (``pack --store raw``) whose size was checked against ``shapes.npy``.
+        decoded: whether the encoded images were decoded (False: ``verify(decode=False)``, ``--no-decode``).
     """
 
     path: str
@@ -80,6 +86,8 @@ class VerifyReport:
     samples: int = 0
     images: int = 0
     bytes: int = 0
+    pixels: int = 0
+    decoded: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the attributes (what ``fastfeed verify --json`` prints)."""
@@ -91,12 +99,21 @@ class VerifyReport:
         Example:
             >>> print(VerifyReport("ff", ok=True, shards=2, samples=60, images=60).text())
             ok: 2 shard(s), 60 samples, 60 images decoded
+            >>> print(VerifyReport("ff", ok=True, shards=2, samples=60, images=60, decoded=False).text())
+            ok: 2 shard(s), 60 samples, 60 images not decoded (--no-decode)
+            >>> print(VerifyReport("ff", ok=True, shards=1, samples=8, pixels=8).text())
+            ok: 1 shard(s), 8 samples, 8 images as pixels (sizes checked against shapes.npy)
             >>> print(VerifyReport("ff", ok=False, problems=["ff/a.tar: missing"]).text())
             ff: 1 problem(s):
               ff/a.tar: missing
         """
         if self.ok:
-            return f"ok: {self.shards} shard(s), {self.samples} samples, {self.images} images decoded"
+            parts = [f"{self.shards} shard(s)", f"{self.samples} samples"]
+            if self.images:
+                parts.append(f"{self.images} images " + ("decoded" if self.decoded else "not decoded (--no-decode)"))
+            if self.pixels:
+                parts.append(f"{self.pixels} images as pixels (sizes checked against {SHAPES_NAME})")
+            return "ok: " + ", ".join(parts)
         return "\n".join([f"{self.path}: {len(self.problems)} problem(s):", *(f"  {p}" for p in self.problems)])
 
 
@@ -223,17 +240,17 @@ class InfoReport(Mapping[str, Any]):
         fields, store, classes, lengths, tokenizer, order, skipped)."""
         sps = self.samples_per_shard
         lines = [self.path, self._format_line(),
-                 f"  samples    {self.num_samples} in {self.num_shards} shard(s) of {sps['min']}-{sps['max']}, "
+                 f"  samples    {self.num_samples} in {self.num_shards} shard(s) of {_span(sps)}, "
                  f"{format_bytes(self.bytes)}",
                  f"  fields     {', '.join(self.fields)}"]
         if self.store.get("mode", "jpeg") != "jpeg":
             lines.append(f"  {store_line(self.store, self.bytes)}")
         elif not self.foreign:
-            lines.append("  store      jpeg (images as encoded files; `fastfeed pack --store raw` trades disk for CPU)")
+            lines.append(f"  {encoded_store_line(self.fields)}")
         if self.classes is not None:
             shown = ", ".join(self.classes[:4]) + (", ..." if len(self.classes) > 4 else "")
             spc = self.samples_per_class
-            per = f"; {spc['min']}-{spc['max']} samples per class" if spc else ""
+            per = f"; {_span(spc)} samples per class" if spc else ""
             lines.append(f"  classes    {len(self.classes)} ({shown}){per}")
         if self.lengths is not None:
             ln = self.lengths
@@ -254,16 +271,20 @@ class InfoReport(Mapping[str, Any]):
         if self.foreign:
             return f"  format     {self.format}: {self.note}"
         dali = ", DALI index files" if self.dali_index else ""
-        return (f"  format     {self.format}{dali} (packed from {self.input} by fastfeed {self.fastfeed_version}, "
-                f"index v{self.index_version})")
+        origin = (f"packed from {self.input}" if self.input else "packed") + (
+            f" by fastfeed {self.fastfeed_version}" if self.fastfeed_version else "")  # older indexes: no version
+        return f"  format     {self.format}{dali} ({origin}, index v{self.index_version})"
 
     def _order_line(self) -> str:
         o = self.options
         order = f"shuffled (seed {o.get('seed')})" if o.get("shuffle") else "key order"
         if self.foreign:
             order = "as stored in the tars"
-        resize = f", images resized to max side {o['max_side']} (quality {o['quality']})" if o.get("max_side") else ""
-        resize += ", JPEGs with restart markers (crops decode only their blocks)" if o.get("jpeg_restarts") else ""
+        kinds = image_kinds(self.fields)  # what pack did to images, said only where there are images
+        resize = (f", images resized to max side {o['max_side']} (quality {o['quality']})"
+                  if o.get("max_side") and (kinds or RAW_FIELD in self.fields) else "")
+        resize += (", JPEGs with restart markers (crops decode only their blocks)"
+                   if o.get("jpeg_restarts") and "jpeg" in kinds else "")
         return f"  order      {order}{resize}"
 
     def __getitem__(self, key: str) -> Any:
@@ -423,6 +444,41 @@ def _bytes_as_jpeg(store: Mapping[str, Any], total: int) -> int:
     return total - int(store.get("raw_bytes", 0)) + int(store.get("encoded_bytes", 0))
 
 
+def _span(r: Mapping[str, int]) -> str:
+    """``{"min", "max"}`` as ``info`` writes it: ``8-9``, or ``8`` when they are equal."""
+    return f"{r['min']}" if r["min"] == r["max"] else f"{r['min']}-{r['max']}"
+
+
+#: Image file extensions under the name ``info`` gives their format.
+_IMAGE_KINDS = {"jpg": "jpeg", "jpeg": "jpeg", "jpe": "jpeg", "jfif": "jpeg", "tif": "tiff"}
+
+
+def image_kinds(fields: tuple[str, ...] | list[str]) -> list[str]:
+    """The formats of a dataset's encoded image fields, sorted (``jpeg``, ``png``, ...); [] without images.
+
+    Example:
+        >>> image_kinds(["cls", "jpg", "seg.png"]), image_kinds(["txt", "json"]), image_kinds(["rgb8", "cls"])
+        (['jpeg', 'png'], [], [])
+    """
+    return sorted({_IMAGE_KINDS.get(last_ext(f), last_ext(f)) for f in fields if is_image(f)})
+
+
+def encoded_store_line(fields: tuple[str, ...] | list[str]) -> str:
+    """The ``store`` line of ``info`` for a dataset packed as it was read (``pack --store jpeg``, the default):
+    the formats of its images, or that it has none.
+
+    Example:
+        >>> encoded_store_line(["cls", "png"])
+        'store      png (images as encoded files; `fastfeed pack --store raw` trades disk for CPU)'
+        >>> print(encoded_store_line(["txt"]))
+        store      no images (each field's bytes as packed)
+    """
+    kinds = image_kinds(fields)
+    if not kinds:
+        return "store      no images (each field's bytes as packed)"
+    return f"store      {' + '.join(kinds)} (images as encoded files; `fastfeed pack --store raw` trades disk for CPU)"
+
+
 def store_line(store: Mapping[str, Any], total: int) -> str:
     """The ``store`` line of ``fastfeed pack`` and ``info`` for raw or mixed storage (``pack --store``).
 
@@ -461,7 +517,7 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
         workers = cpu_count()
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
         raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
-    report = VerifyReport(path=str(dst), ok=False)
+    report = VerifyReport(path=str(dst), ok=False, decoded=decode)
     try:
         idx = open_checked(dst, on_error="skip")  # a damaged foreign tar: reported below, the rest checked
     except FastfeedError as e:
@@ -484,20 +540,21 @@ def verify(dst: str | os.PathLike[str], *, workers: int | str = 1, decode: bool 
              rows(shapes, s), rows(sums, s), algorithm) for s, info_ in enumerate(idx.shards)]
     names = [str(Path(job[0]) / job[2].name) for job in jobs]
 
-    def died(i: int, why: str) -> tuple[list[str], list[str], int, int]:
+    def died(i: int, why: str) -> _Checked:
         return ([f"{names[i]}: the process checking it {why}; the shard is damaged in a way that crashes its "
-                 "reader: restore it or re-pack (and report it: it should have been an error)"], [], 0, 0)
+                 "reader: restore it or re-pack (and report it: it should have been an error)"], [], 0, 0, 0)
 
     if workers > 1 and len(jobs) > 1:
         outcomes = run_isolated(_verify_shard, jobs, int(workers), died, lambda i: _reported(None, i, len(jobs), progress))
     else:
         outcomes = [_reported(_verify_shard(j), i, len(jobs), progress) for i, j in enumerate(jobs)]
     seen: dict[str, str] = {}
-    for info_, (problems, keys, images, nbytes) in zip(idx.shards, outcomes):
+    for info_, (problems, keys, images, pixels, nbytes) in zip(idx.shards, outcomes):
         report.problems += problems
         report.shards += 1
         report.samples += len(keys)
         report.images += images
+        report.pixels += pixels
         report.bytes += nbytes
         for k in keys:
             if k in seen:
@@ -545,8 +602,12 @@ _Job = tuple[str, str, ShardInfo, "np.ndarray | None", "np.ndarray | None", bool
              "np.ndarray | None", str]
 
 
-def _verify_shard(job: _Job) -> tuple[list[str], list[str], int, int]:
-    """Check one shard: (problems, keys in order, images decoded, bytes).
+#: What checking one shard found: (problems, keys in order, encoded images, images as pixels, bytes).
+_Checked = tuple[list[str], list[str], int, int, int]
+
+
+def _verify_shard(job: _Job) -> _Checked:
+    """Check one shard: (problems, keys in order, encoded images (decoded when asked), images as pixels, bytes).
 
     A foreign tar (no fastfeed index) has no checksum or DALI index to compare: its
     members are read and its images decoded."""
@@ -562,14 +623,14 @@ def _verify_shard(job: _Job) -> tuple[list[str], list[str], int, int]:
 
     if not path.is_file():
         problem("missing; restore it or re-run `fastfeed pack --overwrite`")
-        return problems, [], 0, 0
+        return problems, [], 0, 0, 0
     size = path.stat().st_size
     if size != shard.bytes:
         problem(f"{size} bytes, the index says {shard.bytes}; the shard is damaged, restore it or re-pack")
     if not foreign and _sha256(path) != shard.sha256:
         problem("sha256 differs from the index; the shard is damaged, restore it or re-pack")
     keys: list[str] = []
-    images = 0
+    images = pixels = 0
     fix = _decode_fix(foreign)
     try:
         tar = open_shard(str(path)) if foreign and is_gzip_tar(path.name) else path
@@ -586,26 +647,25 @@ def _verify_shard(job: _Job) -> tuple[list[str], list[str], int, int]:
                 if cls is not None and cls != labels[i]:
                     problem(f"sample {key!r}: cls member {cls} but labels.npy says {labels[i]}; re-pack")
             if shapes is not None or RAW_FIELD in sample:
-                images += _check_pixels(sample, None if shapes is None or i >= len(shapes) else shapes[i], problem)
-            if decode:
-                for name, data in sample.items():
-                    if name != "__key__" and is_image(name):
-                        images += 1
-                        err = decode_error(data)
-                        if err is not None:
-                            problem(f"sample {key!r} field {name!r}: image does not decode ({err}); "
-                                    + fix.format(member=f"{key}.{name}"))
+                pixels += _check_pixels(sample, None if shapes is None or i >= len(shapes) else shapes[i], problem)
+            for name, data in sample.items():
+                if name != "__key__" and is_image(name):
+                    images += 1
+                    err = decode_error(data) if decode else None
+                    if err is not None:
+                        problem(f"sample {key!r} field {name!r}: image does not decode ({err}); "
+                                + fix.format(member=f"{key}.{name}"))
     except (FastfeedError, tarfile.TarError, OSError) as e:
         problem(f"cannot be read after {len(keys)} samples ({e}); restore it or re-pack")
         _check_sums(path, fmt, offsets, sums, algorithm, keys, problem, quiet=True)  # which samples are damaged
-        return problems, keys, images, size
+        return problems, keys, images, pixels, size
     _check_sums(path, fmt, offsets, sums, algorithm, keys, problem)
     if len(keys) != shard.samples:
         problem(f"holds {len(keys)} samples, the index says {shard.samples}; re-pack")
     if fmt == "tar" and not foreign:
         for text in _check_dali_index(Path(root), shard, path):
             problem(text)
-    return problems, keys, images, size
+    return problems, keys, images, pixels, size
 
 
 def _check_sums(path: Path, fmt: str, offsets: np.ndarray | None, sums: np.ndarray | None, algorithm: str,

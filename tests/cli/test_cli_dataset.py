@@ -118,10 +118,10 @@ def test_info_report_text_line_for_line(six_classes: Path, capsys: pytest.Captur
         str(six_classes),
         f"  format     tar, DALI index files (packed from imagefolder by fastfeed {fastfeed.__version__}, "
         f"index v{idx.version})",
-        f"  samples    24 in 3 shard(s) of 8-8, {format_bytes(sum(s.bytes for s in idx.shards))}",
+        f"  samples    24 in 3 shard(s) of 8, {format_bytes(sum(s.bytes for s in idx.shards))}",
         "  fields     cls, jpg",
         _JPEG_STORE,
-        "  classes    6 (n00000000, n00000001, n00000002, n00000003, ...); 4-4 samples per class",
+        "  classes    6 (n00000000, n00000001, n00000002, n00000003, ...); 4 samples per class",
         "  aspect     24 images, width/height 1.33-1.33 (median 1.33): 4:3 100%",
         "  pixels     median 1,200 px (1,200 px-1,200 px)",
         "  order      shuffled (seed 3)",

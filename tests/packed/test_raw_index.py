@@ -52,7 +52,7 @@ def test_verify_checks_pixels_against_shapes(packs: dict[str, Path], tmp_path: P
                                              capsys: pytest.CaptureFixture) -> None:
     import shutil
 
-    assert fastfeed.verify(packs["mixed:0.5"]).ok and fastfeed.verify(packs["raw"]).images == 8
+    assert fastfeed.verify(packs["mixed:0.5"]).ok and fastfeed.verify(packs["raw"]).pixels == 8
     bad = tmp_path / "bad"
     shutil.copytree(packs["mixed:0.5"], bad)
     shapes = np.load(bad / "shapes.npy")
