@@ -8,22 +8,28 @@ verdict, the scheduling signals, the notes and the windows.
 Example:
     >>> bandwidth(12.5), bandwidth(0.085)
     ('12.50 GB/s', '85.0 MB/s')
+    >>> prose("run `fastfeed tune a<b`")
+    'run <code>fastfeed tune a&lt;b</code>'
 """
 
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from fastfeed.diagnosis.vocabulary import CATEGORIES, CATEGORY_LABELS, pct
 
-__all__ = ["COLORS", "VERDICT_COLORS", "bandwidth", "page"]
+__all__ = ["COLORS", "NEUTRAL", "VERDICT_COLORS", "bandwidth", "page", "prose"]
 
 #: The categories' colours (the bars, the timeline, the legend).
 COLORS = {"data": "#e8871e", "compute": "#3f8f5f", "collective": "#7d4fb0", "wait": "#c8372d", "other": "#a7a7a7"}
-#: The verdicts' colours (the banner).
+#: The verdicts' colours (the banner); ``fastfeed doctor``'s page uses the same: input-bound orange, the
+#: input not the problem (compute-bound here, "not input-bound" there) green.
 VERDICT_COLORS = {"input-bound": "#e8871e", "imbalanced": "#c8372d", "straggler": "#c8372d",
                   "communication-bound": "#7d4fb0", "compute-bound": "#3f8f5f"}
+#: A verdict that is neither good nor bad (no demand to compare with, a note on the measurement).
+NEUTRAL = "#6b7280"
 
 WIDTH, LEFT, RIGHT = 1000, 200, 20
 PLOT = WIDTH - LEFT - RIGHT
@@ -52,6 +58,11 @@ def bandwidth(gb_s: float) -> str:
 
 def _e(s: Any) -> str:
     return html.escape(str(s))
+
+
+def prose(text: Any) -> str:
+    """A verdict's words as HTML: escaped, and the commands written in backticks as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text)))
 
 
 def _legend() -> str:
@@ -173,16 +184,16 @@ def _windows_table(r: Any) -> str:
 
 def page(r: Any) -> str:
     """The page of a :class:`~fastfeed.diagnosis.monitor_report.MonitorReport`."""
-    color = VERDICT_COLORS.get(r.verdict, "#555")
+    color = VERDICT_COLORS.get(r.verdict, NEUTRAL)
     head, _, rest = r.title.partition(": ")  # "input-bound on rank 1 (host a)" in large type, then the figures
     rest = rest[:1].upper() + rest[1:] if rest else ""
     hosts = len(set(r.hosts)) or 1
     rate = f" &middot; {r.samples_per_s:,.0f} samples/s" if r.samples_per_s else ""
     lists = ""
     if r.signals:
-        lists += "<h2>Signals</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in r.signals) + "</ul>"
+        lists += "<h2>Signals</h2><ul>" + "".join(f"<li>{prose(s)}</li>" for s in r.signals) + "</ul>"
     if r.notes:
-        lists += "<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in r.notes) + "</ul>"
+        lists += "<h2>Notes</h2><ul>" + "".join(f"<li>{prose(n)}</li>" for n in r.notes) + "</ul>"
     bus = (f" Gradient all-reduce: {bandwidth(r.bus_gb_s)} bus bandwidth."
            if r.bus_gb_s is not None and "bus bandwidth" not in r.why else "")
     return f"""<!DOCTYPE html>
@@ -193,8 +204,8 @@ def page(r: Any) -> str:
 step{rate}</p>
 <section class=verdict style="border-color:{color}">
 <div class=name style="color:{color}">{_e(head)}</div>
-<p class=title>{_e(rest)}</p>
-<p class=fix><b>fix</b>{_e(r.fix)}</p>
+<p class=title>{prose(rest)}</p>
+<p class=fix><b>fix</b>{prose(r.fix)}</p>
 </section>
 <h2>Where the step went</h2>
 {_legend()}
@@ -202,7 +213,7 @@ step{rate}</p>
 <h2>Over the run: seconds per step, each rank</h2>
 {_timeline_svg(r)}
 <h2>Why</h2>
-<p>{_e(r.why)}.{_e(bus)}</p>
+<p>{prose(r.why)}.{_e(bus)}</p>
 {lists}
 <h2>Windows</h2>
 {_windows_table(r)}

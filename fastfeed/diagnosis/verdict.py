@@ -107,10 +107,50 @@ def _unmeasured(f: Facts) -> str:
     return f" (CPU decode not measured: {s.skipped})" if s is not None and s.skipped else ""
 
 
+def _all_cores(f: Facts) -> str:
+    """Where "decode on all cores" ran, in words: 'all N core(s)', or the host's cores and the ranks sharing them."""
+    if f.local_ranks > 1:
+        return f"the host's {f.cores_per_rank * f.local_ranks} cores (per rank, {f.local_ranks} ranks sharing them)"
+    return f"all {f.cores_per_rank} core(s)"
+
+
 def _decode_all(f: Facts) -> str:
     """', decode on all N cores X' when it was measured, else ''."""
     all_ = f.rate("decode_all")
-    return "" if all_ is None else f", decode on all {f.cores_per_rank} core(s) {all_:,.0f}"
+    return "" if all_ is None else f", decode on {_all_cores(f)} {all_:,.0f}"
+
+
+def _delivers(deliverable: float) -> str:
+    return f"the pipeline delivers {deliverable:,.0f} samples/s per rank"
+
+
+def _differs(f: Facts, kind: str, deliverable: float) -> str:
+    """Why the verdict's figure is not the loader row's, as the why's first words ('' when it is).
+
+    The figure is always a row of the table: the loader's, or a stage the loader measured alone
+    does not feel (storage read cold every epoch; decode on cores the host's ranks share).
+    """
+    loader = f.rate("loader")
+    if loader is None or abs(deliverable - loader) <= 0.005 * max(loader, 1.0):
+        return ""
+    head = f"{deliverable:,.0f} samples/s per rank is the {{row}} row's figure, not the loader row's {loader:,.0f}: "
+    if kind == "storage" and deliverable == f.rate("storage"):
+        return head.format(row="storage") + "the shards are read cold every epoch, the loader read them warm; "
+    if deliverable == f.rate("decode_all") and f.local_ranks > 1:
+        return (head.format(row="decode") + f"the host's {f.cores_per_rank * f.local_ranks} cores are shared by its "
+                f"{f.local_ranks} ranks, the loader was measured with the host to itself; ")
+    return ""
+
+
+def _measured_apart(f: Facts) -> str:
+    """Why decode on all cores came out below the loader, which decodes on the same cores ('' when it did not)."""
+    all_, loader = f.rate("decode_all"), f.rate("loader")
+    if all_ is None or not loader or f.local_ranks > 1 or all_ >= 0.95 * loader:
+        return ""
+    st = f.stages.get("decode_all")
+    per_cpu = st.figures.get("per_cpu_second") if st is not None else None
+    return (f"; decode was measured apart, at another moment, and came out below the loader: the cores were "
+            "busier then" + (f" (per CPU-second it decodes {per_cpu:,.0f})" if per_cpu else ""))
 
 
 # ---------------------------------------------------------------------- the limiting stage
@@ -133,6 +173,8 @@ def limiting_stage(f: Facts) -> tuple[str, float]:
         kind = "workers"  # more workers reach the demand (or, without one, go faster): the setting limits
     if kind == "transfer" and decode_all and loader >= 0.8 * decode_all:
         kind = "decode"
+    if f.small_dataset and kind in ("workers", "transfer"):  # one partial batch per epoch: no setting overlaps it
+        kind = "storage" if f.profile.read_share >= 0.5 else "decode"
     return kind, deliverable
 
 
@@ -250,13 +292,14 @@ def _raw_store(f: Facts) -> str | None:
 def _decode(f: Facts) -> tuple[str, str]:
     core, all_ = f.rate("decode_core"), f.rate("decode_all")
     if all_ is not None:
-        why = (f"decode + augmentation reaches {all_:,.0f} samples/s on all {f.cores_per_rank} core(s)"
+        why = (f"decode + augmentation reaches {all_:,.0f} samples/s on {_all_cores(f)}"
                + (f" ({core:,.0f} per core)" if core is not None else "") + ", ")
     else:  # DALI (or raw bytes): the loader's figure is the decode figure
         what = "the DALI loader (GPU decode)" if f.decode == "dali" else "the loader"
         why = f"{what} delivers {_n(f.rate('loader'))} samples/s{_unmeasured(f)}, "
     why += f"storage {_n(f.rate('storage'))}"
     why += f"; the loader delivers {_n(f.rate('loader'))}{_busy(f)}" if all_ is not None else _busy(f)
+    why += _measured_apart(f)
     fixes = []
     if _more_workers_help(f):
         fixes.append(f"use all {f.cores_per_rank} cores: num_workers={f.num_workers} reaches {_n(f.rate('loader'))}, "
@@ -291,7 +334,7 @@ def _workers(f: Facts) -> tuple[str, str]:
         per_batch = f.batch_size / loader if loader else float("nan")
         why = (f"num_workers=0: each batch is read and decoded inside the training process, after the step "
                f"and not during it ({per_batch * 1e3:,.0f} ms per batch of {f.batch_size}, {_n(loader)} "
-               f"samples/s)" + (f"; decode on all {f.cores_per_rank} core(s) reaches {_n(all_)}" if all_ else "")
+               f"samples/s)" + (f"; decode on {_all_cores(f)} reaches {_n(all_)}" if all_ else "")
                + _busy(f))
         want = max(1, f.cores_per_rank - 1)
         if f.demand and core:
@@ -300,7 +343,7 @@ def _workers(f: Facts) -> tuple[str, str]:
                f"`{f.tune_command()}`")
         return why, fix
     why = (f"{f.num_workers} worker(s) deliver {_n(loader)} samples/s"
-           + (f"; decode on all {f.cores_per_rank} cores reaches {all_:,.0f}" if all_ is not None else "")
+           + (f"; decode on {_all_cores(f)} reaches {all_:,.0f}" if all_ is not None else "")
            + _busy(f))
     origin = {"heuristic": " (the heuristic default: nothing was tuned)", "tuned": " (as tuned; re-tune)"}
     fix = (f"raise num_workers{origin.get(f.workers_from, '')}: `{f.tune_command()}` measures and stores the "
@@ -369,12 +412,7 @@ def _balance(f: Facts) -> Finding | None:
 def _extras(f: Facts, kind: str) -> list[Finding]:
     out = []
     loader, storage = f.rate("loader"), f.rate("storage")
-    if f.small_dataset:
-        head, _, fix = f.small_dataset.partition(". ")
-        title, _, why = head.partition(": ")
-        out.append(Finding("small-dataset", title, why, fix + ", before acting on these figures or on `fastfeed "
-                           "tune`'s choice"))
-    if f.num_workers == 0 and kind != "workers" and f.decode != "dali":
+    if f.num_workers == 0 and kind != "workers" and f.decode != "dali" and not f.small_dataset:
         why, fix = _workers(f)
         out.append(Finding("workers", "num_workers=0: loading runs inside the training process", why, fix))
     if f.remote and f.cache_dir is None and kind != "storage":
@@ -415,6 +453,25 @@ def _extras(f: Facts, kind: str) -> list[Finding]:
     return out
 
 
+def _small_dataset(f: Facts) -> Finding | None:
+    """The batch is larger than the dataset per rank: the one thing to do first (None when it is not)."""
+    if not f.small_dataset:
+        return None
+    head, _, fix = f.small_dataset.partition(". ")
+    title, _, why = head.partition(": ")
+    return Finding("small-dataset", title, why, fix + ", then diagnose again: these figures are for one partial "
+                   "batch per epoch, and until then no worker setting helps (tune stores num_workers=0 for it)")
+
+
+def _no_worker_advice(main: Finding) -> Finding:
+    """With one partial batch per epoch no worker can prepare a batch ahead: the worker fix gives way to the
+    small-dataset finding, which leads the report."""
+    if main.kind != "workers":
+        return main
+    return replace(main, fix="none from the worker setting: every epoch is one partial batch, which no worker can "
+                             "prepare ahead, so num_workers=0 is right for this data (see the first finding)")
+
+
 def _against_demand(f: Facts, kind: str, deliverable: float) -> tuple[Finding, str, bool]:
     """The main finding with a demand: (finding, limiting kind, input-bound)."""
     demand = f.demand or 1.0
@@ -427,14 +484,18 @@ def _against_demand(f: Facts, kind: str, deliverable: float) -> tuple[Finding, s
     if f.num_workers == 0 and f.decode != "dali" and deliverable > 0:
         load_t, step_t = f.batch_size / deliverable, f.batch_size / demand
         serial = waited if waited is not None else load_t / (load_t + step_t)
+    if serial is not None and serial >= INPUT_BOUND and f.small_dataset:  # no worker can overlap it
+        title = (f"input-bound, limited by {label}: every step waits ~{serial:.0%} of its time for its batch, "
+                 f"one partial batch per epoch ({_delivers(deliverable)}, training consumes "
+                 f"{demand:,.0f})")
+        return Finding(kind, title, why + _step_wait(f), fix), kind, True
     if serial is not None and serial >= INPUT_BOUND:
         why, fix = _workers(f)
         title = (f"input-bound, limited by {_label('workers', f)}: every step waits ~{serial:.0%} of its time for "
-                 f"its batch (the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
-                 f"{demand:,.0f})")
+                 f"its batch ({_delivers(deliverable)}, training consumes {demand:,.0f})")
         return Finding("workers", title, why + _step_wait(f), fix), "workers", True
     if headroom < 1 + MARGIN:
-        title = (f"input-bound, limited by {label}: the pipeline delivers {deliverable:,.0f} samples/s per rank, "
+        title = (f"input-bound, limited by {label}: {_delivers(deliverable)}, "
                  f"training consumes {demand:,.0f} ({headroom:.2f}x"
                  + (f", short by {1 - headroom:.0%})" if headroom < 1 else ")"))
         return Finding(kind, title, why + _step_wait(f), fix), kind, True
@@ -448,7 +509,7 @@ def _against_demand(f: Facts, kind: str, deliverable: float) -> tuple[Finding, s
     if waited is not None and waited >= 2 * INPUT_BOUND:
         advice += (f" The simulated run still waited {waited:.0%} of step time: batches arrive in bursts (epoch "
                    "starts, slow batches); a larger prefetch_factor smooths them.")
-    title = (f"not input-bound: the pipeline delivers {deliverable:,.0f} samples/s per rank, training consumes "
+    title = (f"not input-bound: {_delivers(deliverable)}, training consumes "
              f"{demand:,.0f} ({headroom:.1f}x headroom)")
     return Finding("not-input-bound", title, f"the slowest input stage is {label}: {why}{_step_wait(f)}",
                    advice), kind, False
@@ -457,6 +518,7 @@ def _against_demand(f: Facts, kind: str, deliverable: float) -> tuple[Finding, s
 def conclude(f: Facts) -> tuple[tuple[Finding, ...], str, float, bool | None, float | None]:
     """(findings with the verdict first, limiting kind, deliverable samples/s, input-bound, headroom)."""
     kind, deliverable = limiting_stage(f)
+    limit = kind
     input_bound: bool | None = None
     headroom: float | None = None
     if f.demand:
@@ -464,12 +526,18 @@ def conclude(f: Facts) -> tuple[tuple[Finding, ...], str, float, bool | None, fl
         main, kind, input_bound = _against_demand(f, kind, deliverable)
     else:
         why, fix = _EXPLAIN.get(kind, _decode)(f)
-        main = Finding(kind, f"the pipeline delivers {deliverable:,.0f} samples/s per rank, limited by "
+        main = Finding(kind, f"{_delivers(deliverable)}, limited by "
                              f"{_label(kind, f)} (no demand given: pass --target-rate or --step-time to compare "
                              "with training)", why, fix)
+    differs = _differs(f, limit, deliverable)
+    if differs:  # the title's figure is a row of the table: which one, when not the loader's
+        main = replace(main, why=differs + main.why)
     findings = [main]
     balance = _balance(f)
     if balance is not None:  # wasted compute whatever the input does: first unless the input binds
         findings.insert(1 if input_bound else 0, balance)
+    small = _small_dataset(f)
+    if small is not None:  # the figures describe one partial batch per epoch: fix that first
+        findings = [small] + [_no_worker_advice(x) for x in findings]
     findings += _extras(f, kind)
     return tuple(findings), kind, deliverable, input_bound, headroom
