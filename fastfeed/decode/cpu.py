@@ -17,6 +17,8 @@ What a batch holds (``B`` samples):
 - every other field, decoded by :func:`fastfeed.decode.fields.decode_field` (``.json``
   -> dict, ``.txt`` -> str, ``.cls`` -> int, ``.npy`` -> array, ...; pickles and unknown
   types as raw bytes, never unpickled) as a list.
+- with an aspect-ratio sampler (:class:`CoverDecoder`): ``"image"`` at the batch's bucket
+  size, and ``"original_size"`` / ``"crop_top_left"`` (int64 ``B x 2`` each).
 
 The random crop and flip of a sample are a function of ``(seed, epoch, sample number)``
 (:func:`fastfeed.decode.geometry.uniforms`), so they do not depend on workers or ranks.
@@ -43,6 +45,7 @@ from fastfeed.decode.geometry import (
     NUM_UNIFORMS,
     center_crop,
     check_crop,
+    cover_crops,
     normalize_image_size,
     random_resized_crop,
     uniforms,
@@ -55,7 +58,7 @@ from fastfeed.formats.naming import RAW_FIELD, holds_pixels, pick_image_field
 
 # normalize_image_size lives in fastfeed.decode.geometry, pick_image_field in fastfeed.formats.naming;
 # importable from here too
-__all__ = ["CpuDecoder", "Fail", "RawDecoder", "normalize_image_size", "pick_image_field"]
+__all__ = ["CoverDecoder", "CpuDecoder", "Fail", "RawDecoder", "normalize_image_size", "pick_image_field"]
 
 #: Called with (position in the batch, exception) for a sample that cannot be used;
 #: raises (on_error="raise") or returns to drop the sample (on_error="skip").
@@ -294,3 +297,130 @@ class CpuDecoder:
                     raise
                 fail(j, e)
         return collate(out, self.pad)
+
+
+class CoverDecoder:
+    """Aspect-ratio bucket batches (``loader(batch_sampler=DistributedAspectRatioSampler(...))``):
+    every image of a batch resized to cover the batch's bucket, cropped to it, maybe flipped.
+
+    The batch's bucket is the one its images share (``bucket_of``); the crops are
+    :func:`~fastfeed.decode.geometry.cover_crops` of the sizes the index records, a function of
+    ``(seed, epoch, sample)`` like every crop here (``decode="dali"`` computes the same ones).
+    Besides the fields of :class:`CpuDecoder`'s batches, each batch carries
+    ``"original_size"`` (int64 ``B x 2``: each image's upright (height, width)) and
+    ``"crop_top_left"`` (int64 ``B x 2``: the crop's corner in the image resized to cover the
+    bucket, flipped when flipped), SDXL's conditioning. An image whose decoded size is not
+    the one the index records is a :class:`~fastfeed.errors.SampleError` (or, with
+    ``on_error="skip"``, a counted skip): its crop would be another image's.
+
+    Args:
+        base: the loader's CPU decoder (its seed, ``augment``, ``flip``, image field, decoder).
+        shapes: int (K, 2) the buckets' (height, width).
+        bucket_of: int (N,) each sample's bucket.
+        sizes: int (N, 2) each sample's upright (height, width), as the index records them.
+        crop: ``"random"`` or ``"center"`` placement when augmenting (``augment=False``: the center).
+
+    Example:
+        >>> dec = CoverDecoder(CpuDecoder(), shapes=np.array([[32, 48]]), bucket_of=np.zeros(1, int),
+        ...                    sizes=np.array([[48, 64]]))
+        >>> from tools.synth import make_jpeg
+        >>> b = dec.decode_batch([{"__key__": "a", "jpg": make_jpeg(np.random.default_rng(0), (64, 48))}],
+        ...                      np.array([0]), 0, None, None)
+        >>> tuple(b["image"].shape), b["original_size"].tolist()
+        ((1, 3, 32, 48), [[48, 64]])
+    """
+
+    def __init__(self, base: CpuDecoder, *, shapes: np.ndarray, bucket_of: np.ndarray, sizes: np.ndarray,
+                 crop: str = "random") -> None:
+        self.base = base
+        self.shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+        self.bucket_of = np.asarray(bucket_of)
+        self.sizes = np.asarray(sizes)
+        self.random = base.augment and crop == "random"
+        self.flip = base.augment and base.flip
+        self.transform, self.pad = base.transform, base.pad
+
+    def crops(self, ids: np.ndarray, epoch: int) -> tuple[tuple[int, int], Any]:
+        """The bucket (height, width) of the batch of samples ``ids``, and their :class:`CoverCrops`.
+
+        Raises:
+            ConfigError: ``ids`` is not one bucket's batch (a sampler that does not match the dataset).
+        """
+        b = np.unique(self.bucket_of[ids])
+        if b.size != 1 or b[0] < 0:
+            raise ConfigError(f"samples {ids[:8].tolist()} are not one bucket's batch of the batch_sampler; build the "
+                              "DistributedAspectRatioSampler from the dataset the loader reads")
+        H, W = (int(v) for v in self.shapes[int(b[0])])
+        return (H, W), cover_crops(self.sizes[ids], H, W, seed=self.base.seed, epoch=epoch, ids=ids,
+                                   random=self.random, flip=self.flip)
+
+    def _box(self, want: tuple[int, int], box: tuple[int, int, int, int]) -> Callable[[int, int], tuple[int, ...]]:
+        def check(h: int, w: int) -> tuple[int, ...]:
+            if (h, w) != want:
+                raise SampleError(f"the image is {h}x{w} (upright) but the index records {want[0]}x{want[1]} "
+                                  "(sizes.npy): its header does not match the index; run `fastfeed shapes DST "
+                                  "--overwrite` to read the sizes again, or pass on_error='skip'")
+            return box
+        return check
+
+    def decode_batch(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
+                     labels: np.ndarray | None, fail: Fail | None) -> dict[str, Any]:
+        """Decode, cover-crop and collate one bucket's batch; samples that fail go to ``fail`` (None: raise)."""
+        base = self.base
+        if not samples:
+            z = torch.zeros((0, 2), dtype=torch.int64)
+            return {"image": torch.zeros((0, 3, 0, 0), dtype=torch.uint8), "__key__": [], "original_size": z,
+                    "crop_top_left": z.clone()}
+        (H, W), c = self.crops(np.asarray(ids, dtype=np.int64), epoch)
+        generic = base.transform is not None
+        buf, arr = batch_buffer((0 if generic else len(samples), H, W, 3))
+        boxes, flips, given = c.boxes.tolist(), c.flips.tolist(), None if labels is None else labels.tolist()
+        sizes = self.sizes[ids].tolist()
+        keys: list[str] = []
+        labs: list[int] = []
+        others: list[dict[str, Any]] = []
+        kept: list[int] = []
+        outs: list[dict[str, Any]] = []
+        has_label = labels is not None
+        for j, s in enumerate(samples):
+            try:
+                field = base._field(s)
+                dst = np.empty((H, W, 3), np.uint8) if generic else arr[len(keys)]
+                box = self._box((int(sizes[j][0]), int(sizes[j][1])), tuple(boxes[j]))
+                if field == RAW_FIELD:
+                    crop_into(pixels(s[field], s.get(_SHAPE)), dst, box, flip=flips[j])
+                else:
+                    base.images.decode_into(s[field], dst, box, flip=flips[j])
+                lab = _label_of(s, None if given is None else given[j])
+                fields = base._other_fields(s, field)
+            except _BAD_DATA as e:
+                if fail is None or isinstance(e, ConfigError):
+                    raise
+                fail(j, e)
+                continue
+            kept.append(j)
+            if generic:
+                out = {"__key__": s.get("__key__", ""), "image": dst, "original_size": tuple(sizes[j]),
+                       "crop_top_left": tuple(c.top_left[j].tolist()), **fields}
+                if lab is not None:
+                    out["label"] = lab
+                outs.append(base.transform(out))  # type: ignore[misc]
+                continue
+            keys.append(s.get("__key__", ""))
+            has_label = has_label or lab is not None
+            labs.append(-1 if lab is None else lab)
+            others.append(fields)
+        if generic:
+            return collate(outs, self.pad)
+        rows = np.asarray(kept, dtype=np.int64)
+        batch: dict[str, Any] = {"image": nhwc_to_nchw(buf[: len(keys)]), "__key__": keys}
+        if has_label:
+            batch["label"] = torch.tensor(labs, dtype=torch.int64)
+        names: dict[str, None] = {}
+        for f in others:
+            names.update(dict.fromkeys(f))
+        for k in names:
+            batch[k] = [f.get(k) for f in others]
+        batch["original_size"] = torch.from_numpy(np.asarray(self.sizes[ids], dtype=np.int64)[rows].reshape(-1, 2))
+        batch["crop_top_left"] = torch.from_numpy(np.ascontiguousarray(c.top_left[rows]).reshape(-1, 2))
+        return batch

@@ -10,7 +10,10 @@ random area fraction in ``scale`` and a log-uniform aspect ratio in ``ratio``, p
 uniformly; the fallback is the largest central crop with the ratio clamped into range.
 :func:`center_crop` is the evaluation crop (resize the shorter side to
 ``size / crop_fraction`` then take the central ``size``), expressed as a box in the
-original image so the decoder can crop before it resizes. :func:`normalize_image_size` is
+original image so the decoder can crop before it resizes. :func:`cover_crops` is the crop of
+aspect-ratio bucket batches: resize to cover the bucket, crop it (random or central), flip; one
+vectorised function that both backends (``decode="cpu"`` and ``"dali"``) call, so their crops
+are the same. :func:`normalize_image_size` is
 the one reading of an ``image_size`` argument (``224`` or ``(h, w)``) for every decoder,
 the loader's options and the tune store.
 
@@ -24,19 +27,23 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from fastfeed.errors import ConfigError
 
-__all__ = ["MAX_IMAGE_SIDE", "NUM_UNIFORMS", "center_crop", "check_crop", "dct_denominator", "normalize_image_size",
-           "random_resized_crop", "uniforms"]
+__all__ = ["CROPS", "MAX_IMAGE_SIDE", "NUM_UNIFORMS", "CoverCrops", "center_crop", "check_crop", "cover_crops",
+           "dct_denominator", "normalize_image_size", "random_resized_crop", "uniforms"]
 
 _TRIES = 10
 #: Uniform draws per sample: 2 per try, 2 for the placement, 1 for the flip.
 NUM_UNIFORMS = 2 * _TRIES + 3
 FLIP = NUM_UNIFORMS - 1
+_PLACE = 2 * _TRIES  # the two placement draws (top, left), which cover_crops uses too
+#: Where an aspect-ratio bucket batch crops an image resized to cover the bucket (``Crop(bucket_crop=)``).
+CROPS = ("random", "center")
 #: The largest side ``image_size`` may ask for: one 8192 x 8192 RGB output is 201 MB, a batch of 32 of
 #: them 6.4 GB (beyond, a typo such as ``image_size=100000`` would try to allocate 30 GB per image).
 MAX_IMAGE_SIDE = 8192
@@ -204,3 +211,63 @@ def dct_denominator(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
     while d < 8 and room >= 2 * d:
         d *= 2
     return d
+
+
+@dataclass(frozen=True)
+class CoverCrops:
+    """The crops of a batch of images resized to cover one bucket (see :func:`cover_crops`).
+
+    Attributes:
+        boxes: int64 (B, 4) ``(top, left, height, width)`` of the crop in each upright original image.
+        top_left: int64 (B, 2) the crop's (top, left) in the image resized to cover the bucket (and
+            flipped, when flipped): SDXL's ``crop_coords_top_left``.
+        flips: bool (B,) mirrored horizontally.
+    """
+
+    boxes: np.ndarray
+    top_left: np.ndarray
+    flips: np.ndarray
+
+
+def cover_crops(sizes: np.ndarray, out_h: int, out_w: int, *, seed: int, epoch: int, ids: np.ndarray,
+                random: bool, flip: bool) -> CoverCrops:
+    """Resize each image to cover ``out_h x out_w`` (aspect kept), crop that, maybe flip.
+
+    Image ``i`` of upright size ``(h, w)`` is scaled by ``s = max(out_h / h, out_w / w)`` to
+    ``(round(h s), round(w s))``; the crop's top-left corner in that image is drawn from
+    :func:`uniforms` (the draws RandomResizedCrop places its crop with) when ``random``, else
+    central; it flips when ``flip`` and the flip draw is under 0.5. What the decoders cut is the
+    same crop in the original image (rounded to whole pixels), which they resize to the output.
+
+    Args:
+        sizes: int (B, 2) upright (height, width) of each image, as the index records them.
+        out_h, out_w: the bucket.
+        seed, epoch, ids: the draws' key (the loader's seed, the epoch, each sample's number).
+        random: random placement (else the center).
+        flip: random horizontal flips.
+
+    Example:
+        >>> c = cover_crops(np.array([[300, 400]]), 100, 100, seed=0, epoch=0, ids=np.array([0]), random=False,
+        ...                 flip=False)
+        >>> c.boxes.tolist(), c.top_left.tolist()
+        ([[0, 48, 300, 300]], [[0, 16]])
+    """
+    hw = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
+    h, w = hw[:, 0], hw[:, 1]
+    s = np.maximum(out_h / h, out_w / w)
+    room_h = np.maximum(0, np.floor(h * s + 0.5) - out_h)
+    room_w = np.maximum(0, np.floor(w * s + 0.5) - out_w)
+    u = uniforms(seed=seed, epoch=epoch, ids=ids, n=NUM_UNIFORMS) if (random or flip) and len(ids) else None
+    if random and u is not None:
+        top = np.minimum(np.floor(u[:, _PLACE] * (room_h + 1)), room_h)
+        left = np.minimum(np.floor(u[:, _PLACE + 1] * (room_w + 1)), room_w)
+    else:
+        top, left = np.floor(room_h / 2), np.floor(room_w / 2)
+    flips = (u[:, FLIP] < 0.5) if flip and u is not None else np.zeros(len(h), dtype=bool)
+    y0 = np.minimum(np.floor(top / s + 0.5), h - 1)
+    x0 = np.minimum(np.floor(left / s + 0.5), w - 1)
+    bh = np.clip(np.floor(out_h / s + 0.5), 1, h - y0)
+    bw = np.clip(np.floor(out_w / s + 0.5), 1, w - x0)
+    boxes = np.stack([y0, x0, bh, bw], axis=1).astype(np.int64)
+    shown_left = np.where(flips, room_w - left, left)  # measured in the flipped image when flipped
+    return CoverCrops(boxes, np.stack([top, shown_left], axis=1).astype(np.int64), flips)
