@@ -57,7 +57,7 @@ def test_manifest_paths_outside_its_folder_and_missing(tmp_path: Path) -> None:
         pack(m, tmp_path / "o")
     msg = str(e.value)
     assert msg.startswith(f"{m}:2: field 'image' names '../elsewhere/x.jpg', which resolves outside the manifest's "
-                          f"folder {m.parent} (to {away})")
+                          f"folder (to {away})")
     assert "--allow-outside" in msg and "--on-error skip" in msg and "also 2 more problem(s)" in msg
     assert f"{m}:3: field 'image' names '{away}'" in msg and f"{m}:5: field 'image' names 'img/missing.jpg'" in msg
     assert not (tmp_path / "o" / "index.json").exists()
@@ -80,7 +80,7 @@ def test_manifest_paths_outside_its_folder_and_missing(tmp_path: Path) -> None:
 def test_a_manifest_whose_image_paths_all_miss_is_an_error_not_text(tmp_path: Path) -> None:
     m = _manifest(tmp_path / "m.jsonl", [{"image": f"img/{i:04d}.jpg", "caption": f"a cat, {i}"} for i in range(3)])
     with pytest.raises(BadFileError, match=r"m.jsonl:1: field 'image' names 'img/0000.jpg', which is not a file "
-                                           r"\(paths are relative to the manifest's folder, .*\); fix the path"):
+                                           r"\(paths are relative to the manifest's folder\); fix the path"):
         pack(m, tmp_path / "o")
     with pytest.raises(EmptySourceError, match=r"all 3 candidate\(s\) were skipped; first: m.jsonl:1"):
         pack(m, tmp_path / "o2", on_error="skip")

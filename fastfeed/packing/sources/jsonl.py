@@ -174,8 +174,8 @@ def _jsonl_sample(tree: Tree, where: str, n: int, offset: int, length: int, obj:
             st = stats.get(v) if isinstance(v, str) else None
             if st is None:
                 problems.report(BadFileError, where, f"field {k!r} names {show(str(v))!r}, which is not a file "
-                                f"(paths are relative to the manifest's folder, {show(tree.shown)})",
-                                "fix the path, or pass --on-error skip", key)
+                                "(paths are relative to the manifest's folder)", "fix the path, or pass --on-error skip",
+                                key)
                 return None
             if st.st_size == 0 or not tree.readable(v):
                 what = "a zero-byte file" if st.st_size == 0 else "an unreadable file"
@@ -185,7 +185,7 @@ def _jsonl_sample(tree: Tree, where: str, n: int, offset: int, length: int, obj:
             real = tree.outside(v)
             if real is not None and not allow_outside:
                 problems.report(UnsafePathError, where, f"field {k!r} names {show(v)!r}, which resolves outside "
-                                f"the manifest's folder {show(tree.shown)} (to {show(real)})",
+                                f"the manifest's folder (to {show(real)})",
                                 f"keep the files under the manifest's folder (or move the manifest up), "
                                 f"{OUTSIDE_FIX}, or pass --on-error skip", key)
                 return None

@@ -81,11 +81,11 @@ def _loader(root: Path, **workers: Any) -> Any:
 
 def test_a_pipeline_that_does_not_return_is_named_and_the_loop_goes_on_when_it_does(
         packed: Path, hang: Hang, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="fastfeed.loading.dali.pipeline")
+    caplog.set_level(logging.WARNING, logger="fastfeed.loading.dali.wait")
     threading.Timer(1.6, hang.release.set).start()
     keys = [b["__key__"] for b in _loader(packed, stall_timeout=0.5)]
     assert len(keys) == 6
-    said = [r.getMessage() for r in caplog.records if r.name == "fastfeed.loading.dali.pipeline"]
+    said = [r.getMessage() for r in caplog.records if r.name == "fastfeed.loading.dali.wait"]
     assert re.match(r"DALI pipeline stalled: no batch for \d+ s \(epoch 0, batch 2; pipeline 1 of 1\); "
                     r"the pipeline has not returned its output", said[0]), said
     assert "Workers(on_stall='raise') makes this an error" in said[0]
