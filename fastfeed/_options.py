@@ -21,14 +21,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import textwrap
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, Iterator, TypeVar
+from numbers import Integral, Real
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from fastfeed.errors import ConfigError
 
-__all__ = ["Spec", "as_bool", "at_least", "auto_or_int", "callable_or_none", "check_int", "doc_lines", "fill_doc",
-           "group", "is_group", "one_of", "option", "parse_int", "specs"]
+__all__ = ["MAX_COUNT", "Spec", "as_bool", "at_least", "auto_or_int", "callable_or_none", "check_int", "doc_lines",
+           "fill_doc", "group", "is_group", "mapping_or_none", "number", "one_of", "option", "parse_int",
+           "path_or_none", "specs", "text_or_none"]
 
 T = TypeVar("T")
 #: ``check(value, name) -> value``: returns the value to store (normalised), raises ConfigError.
@@ -200,8 +204,14 @@ def fill_doc(fn: T, cls: Any, *, names: Any, marker: str = "{options}") -> T:
 
 
 # ---------------------------------------------------------------------- checks shared by options
-def check_int(name: str, value: Any, minimum: int, *, or_auto: bool = False) -> int:
-    """``value`` if it is an integer >= ``minimum`` (not a bool).
+#: The largest count an option takes where no smaller bound is natural (batch sizes, worker
+#: processes, shuffle windows: 2**40): far beyond any real value, and small enough that a count
+#: times a world size (:data:`fastfeed.dist.MAX_WORLD_SIZE`, 2**20) fits a 64-bit integer.
+MAX_COUNT = 1 << 40
+
+
+def check_int(name: str, value: Any, minimum: int, *, or_auto: bool = False, most: int | None = None) -> int:
+    """``value`` as an int if it is an integer >= ``minimum`` (<= ``most``; numpy's too, not a bool).
 
     Raises:
         ConfigError: ``seed=-1 must be an integer >= 0``.
@@ -209,30 +219,110 @@ def check_int(name: str, value: Any, minimum: int, *, or_auto: bool = False) -> 
     Example:
         >>> check_int("seed", 3, 0)
         3
+        >>> check_int("batch_size", 2**63, 1, most=MAX_COUNT)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: batch_size=9223372036854775808 must be an integer from 1 to 1099511627776
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum or \
+            (most is not None and value > most):
         also = " (or 'auto')" if or_auto else ""
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{also}")
-    return value
+        above = most is not None and isinstance(value, Integral) and not isinstance(value, bool) and value > most
+        rule = f"from {minimum} to {most}" if above else f">= {minimum}"
+        raise ConfigError(f"{name}={value!r} must be an integer {rule}{also}")
+    return int(value)
 
 
-def at_least(minimum: int, *, auto: bool = False, none: bool = False) -> Check:
-    """A check: an integer >= ``minimum``; ``"auto"`` and/or None kept as they are when allowed.
+def at_least(minimum: int, *, auto: bool = False, none: bool = False, most: int | None = None) -> Check:
+    """A check: an integer >= ``minimum`` (<= ``most``); ``"auto"`` and/or None kept as they are when allowed.
 
     Example:
         >>> at_least(1, auto=True)("auto", "num_threads"), at_least(0)(2, "seed")
         ('auto', 2)
     """
     def check(value: Any, name: str) -> Any:
-        if (auto and value == "auto") or (none and value is None):
+        if (auto and isinstance(value, str) and value == "auto") or (none and value is None):
             return value
-        return check_int(name, value, minimum, or_auto=auto)
+        return check_int(name, value, minimum, or_auto=auto, most=most)
     return check
 
 
+def number(low: float, high: float = math.inf, *, none: bool = False, above: bool = False, unit: str = "") -> Check:
+    """A check: a real number (numpy's too, not a bool) from ``low`` (excluded with ``above``) to ``high``, as a float.
+
+    Example:
+        >>> number(0, above=True)(2, "headroom"), number(0, 1)(0.5, "load")
+        (2.0, 0.5)
+        >>> number(0, above=True, unit="seconds")(float("nan"), "step_time")
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: step_time=nan must be a number > 0 (seconds)
+    """
+    def check(value: Any, name: str) -> float | None:
+        if none and value is None:
+            return None
+        ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and \
+            (value > low if above else value >= low) and value <= high
+        if not ok:
+            rule = f"> {low:g}" if above else f">= {low:g}"
+            rule = rule if high == math.inf else f"{rule} and <= {high:g}"
+            raise ConfigError(f"{name}={value!r} must be a number {rule}{f' ({unit})' if unit else ''}")
+        return float(value)
+    return check
+
+
+def text_or_none(value: Any, name: str) -> str | None:
+    """A check: a non-empty string, or None.
+
+    Example:
+        >>> text_or_none("jpg", "Crop.image_field"), text_or_none(None, "Crop.image_field")
+        ('jpg', None)
+    """
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name}={value!r} must be a name (a non-empty string), or None")
+    return value
+
+
+def path_or_none(value: Any, name: str) -> Any:
+    """A check: a path (a string or ``os.PathLike``), or None; kept as given.
+
+    Example:
+        >>> path_or_none("/tmp/cache", "cache_dir")
+        '/tmp/cache'
+    """
+    if value is not None and (not isinstance(value, (str, os.PathLike)) or not os.fspath(value)):
+        raise ConfigError(f"{name}={value!r} must be a path (a string or os.PathLike), or None")
+    return value
+
+
+def mapping_or_none(value: Any, name: str) -> Any:
+    """A check: a mapping (a dict), or None; kept as given.
+
+    Example:
+        >>> mapping_or_none({"anon": True}, "Storage.options")
+        {'anon': True}
+    """
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(f"{name}={value!r} must be a dict of options (or None)")
+    return value
+
+
 def as_bool(value: Any, name: str) -> bool:
-    """A check: the value's truth (``pad=0`` is False)."""
-    return bool(value)
+    """A check: True or False (an integer's truth too: ``pad=0`` is False; numpy's bools; None is False).
+
+    A string is refused rather than read by its truth (``shuffle="false"`` would be True).
+
+    Example:
+        >>> as_bool(0, "pad"), as_bool(True, "shuffle")
+        (False, True)
+        >>> as_bool("false", "shuffle")
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: shuffle='false' must be True or False
+    """
+    if value is None or isinstance(value, Integral) or type(value).__name__ == "bool_":  # numpy.bool_
+        return bool(value)
+    raise ConfigError(f"{name}={value!r} must be True or False")
 
 
 def one_of(choices: Any, what: str) -> Check:
@@ -243,7 +333,8 @@ def one_of(choices: Any, what: str) -> Check:
         'NHWC'
     """
     def check(value: Any, name: str) -> Any:
-        if value not in choices:
+        # only plain values are compared: `in` on an array or a set would be an error of its own
+        if not (value is None or isinstance(value, (str, int, float))) or value not in choices:
             raise ConfigError(f"{name}={value!r} must be {what}")
         return value
     return check

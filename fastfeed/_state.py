@@ -43,9 +43,14 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
-from fastfeed.errors import StateError
+from fastfeed.errors import ConfigError, StateError
 
-__all__ = ["Rule", "StateLayout", "Stages", "differences", "read_int"]
+__all__ = ["MAX_EPOCH", "Rule", "StateLayout", "Stages", "check_epoch", "differences", "read_int"]
+
+#: The largest epoch a loader or sampler runs (2**62): far beyond any training run, and small
+#: enough that the epoch and the epoch after it fit the signed 64-bit integers the plan is
+#: shared with its workers in (an epoch of 2**63 overflowed deep inside).
+MAX_EPOCH = 1 << 62
 
 #: The rule of one stage column: an ``int`` is the least value of an integer column, a
 #: tuple of strings the words a word column may hold.
@@ -55,15 +60,41 @@ def _whole(v: Any) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
 
-def _int_error(text: str, v: Any, least: int, fix: str) -> StateError:
+def _int_error(text: str, v: Any, least: int, fix: str, most: int | None = None) -> StateError:
     """``<text> an integer >= least; <fix>`` and the likely cause: a lossy checkpoint format, or an edit."""
-    cause = (f" (its integers are never below {least}; was it edited?)" if _whole(v) else
+    rule = f"an integer >= {least}" if most is None else f"an integer from {least} to {most}"
+    bound = f"never below {least}" if most is None or _whole(v) and v < least else f"never above {most}"
+    cause = (f" (its integers are {bound}; was it edited?)" if _whole(v) else
              " unchanged (a checkpoint format that turns integers into floats or strings breaks it)")
-    return StateError(f"{text} an integer >= {least}; {fix}{cause}")
+    return StateError(f"{text} {rule}; {fix}{cause}")
 
 
-def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: int = 0) -> int:
-    """``state[key]`` as an int, checked: an integer (not a bool) of at least ``least``.
+def check_epoch(epoch: Any, where: str) -> int:
+    """``epoch`` as an int if it is an integer from 0 to :data:`MAX_EPOCH` (numpy's too, not a bool).
+
+    Args:
+        epoch: the value given.
+        where: the call, for the message (``"set_epoch"``).
+
+    Raises:
+        ConfigError: naming the call, the value and the range.
+
+    Example:
+        >>> check_epoch(3, "set_epoch")
+        3
+        >>> check_epoch(2**63, "set_epoch")
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: set_epoch(9223372036854775808): the epoch is an integer from 0 to 2**62 (4611686018427387904)
+    """
+    if not _whole(epoch) or not 0 <= epoch <= MAX_EPOCH:
+        raise ConfigError(f"{where}({epoch!r}): the epoch is an integer from 0 to 2**62 ({MAX_EPOCH})")
+    return int(epoch)
+
+
+def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: int = 0,
+             most: int | None = None) -> int:
+    """``state[key]`` as an int, checked: an integer (not a bool) of at least ``least`` (at most ``most``).
 
     Args:
         state: the state dict (``key`` present).
@@ -71,6 +102,7 @@ def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: 
         what: how the message names the state (``"loader state"``).
         fix: what to do instead (``"pass the dict from Loader.state_dict()"``).
         least: the smallest value allowed.
+        most: the largest value allowed (None: no bound).
 
     Raises:
         StateError: naming the field, its value and ``fix``.
@@ -84,8 +116,8 @@ def read_int(state: Mapping[str, Any], key: str, *, what: str, fix: str, least: 
         fastfeed.errors.StateError: toy state: epoch='2' is not an integer >= 0; pass Toy.state_dict() unchanged (a checkpoint format that turns integers into floats or strings breaks it)
     """
     v = state[key]
-    if not _whole(v) or v < least:
-        raise _int_error(f"{what}: {key}={v!r} is not", v, least, fix)
+    if not _whole(v) or v < least or (most is not None and v > most):
+        raise _int_error(f"{what}: {key}={v!r} is not", v, least, fix, most)
     return int(v)
 
 
@@ -198,6 +230,7 @@ class StateLayout:
         required: fields every version holds (with ``stages``, that field too from
             ``stages_since`` on); an owner may add the fields of its own state (:meth:`check`).
         ints: fields that are integers >= 0 where present.
+        most: ``(field, bound)``: the largest value of some of ``ints`` (``epoch``: :data:`MAX_EPOCH`).
         stages: the rows of ``stages``, or None for a layout without them.
         count_key: the field the last stage's count equals (``"batches"``, ``"step"``).
         stages_since: the first version with ``stages``.
@@ -217,6 +250,7 @@ class StateLayout:
     reads: tuple[int, ...] = (1, 2)
     required: tuple[str, ...] = ()
     ints: tuple[str, ...] = ()
+    most: tuple[tuple[str, int], ...] = ()
     stages: Stages | None = None
     count_key: str = ""
     stages_since: int = 2
@@ -284,9 +318,10 @@ class StateLayout:
         missing = sorted(need - set(state))
         if missing:
             raise StateError(f"{self.what} lacks {', '.join(missing)}; {self.fix}")
+        bounds = dict(self.most)
         for key in self.ints:
             if key in state:
-                read_int(state, key, what=self.what, fix=self.fix)
+                read_int(state, key, what=self.what, fix=self.fix, most=bounds.get(key))
         return version
 
     def _stages(self) -> Stages:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import warnings
 
@@ -21,13 +23,20 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
         >>> parse_size("256MB"), parse_size("1KiB"), parse_size(10)
         (256000000, 1024, 10)
     """
-    if isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(value):
+            raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
         n = int(value)
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         if m is None or m.group(2).lower() not in _UNITS:
             raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        scaled = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if not math.isfinite(scaled):
+            raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
+        n = int(scaled)
     if n <= 0:
         raise ConfigError(f"{what}={value!r} must be positive")
     return n
@@ -40,13 +49,21 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
         >>> parse_duration("2m"), parse_duration("1.5s"), parse_duration(3)
         (120.0, 1.5, 3.0)
     """
-    if isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ConfigError(f"{what}={value!r} is not a duration; write e.g. 60s, 2m or 30")
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(value):
+            raise ConfigError(f"{what}={value!r} is not a duration; write a finite number of seconds, e.g. 60s, "
+                              "2m or 30")
         return float(value)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|)\s*", str(value))
     if m is None:
         raise ConfigError(f"{what}={value!r} is not a duration; write e.g. 60s, 2m or 30")
     scale = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    return float(m.group(1)) * scale
+    seconds = float(m.group(1)) * scale
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{what}={value!r} is not a duration; write a finite number of seconds, e.g. 60s, 2m or 30")
+    return seconds
 
 
 def format_bytes(n: float) -> str:
@@ -74,6 +91,9 @@ def check_on_error(value: str, what: str = "on_error") -> str:
         >>> check_on_error("skip")
         'skip'
     """
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}={value!r}; use 'raise' (stop at the first bad input) or 'skip' "
+                          "(leave it out, counted and reported)")
     if value in _OLD_ON_ERROR:
         new = _OLD_ON_ERROR[value]
         warnings.warn(f"{what}={value!r} is the old spelling of {new!r}; pass {what}={new!r}",

@@ -11,6 +11,9 @@ argument) and how to fix it::
     │   ├── BadFileError                  unreadable, zero-byte, not what its extension says
     │   └── UnsafePathError               ``..``, absolute paths, newlines, symlink loops
     ├── DestinationError                  DST inside SRC, non-empty DST, ...
+    │   ├── DiskFullError (OSError)       no space left where pack writes: names the folder, the
+    │   │                                 space free and the space still needed
+    │   └── DestinationBusyError          another pack writes into DST: names its pid, host and start
     ├── IndexVersionError                 an index written by another format version
     ├── IndexMismatchError                the index does not match its shards
     ├── ShardError                        a missing, truncated or corrupt shard
@@ -29,10 +32,14 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BadFileError",
     "ConfigError",
+    "DestinationBusyError",
     "DestinationError",
+    "DiskFullError",
     "DuplicateKeyError",
     "EmptySourceError",
     "FastfeedError",
@@ -80,6 +87,57 @@ class UnsafePathError(SourceError):
 
 class DestinationError(FastfeedError):
     """The destination of ``pack`` cannot be used as asked."""
+
+
+class DiskFullError(DestinationError, OSError):
+    """No space left (``ENOSPC``, or a quota: ``EDQUOT``) where ``pack`` writes.
+
+    An OSError too, with the errno of the failed write, so code that caught the OSError
+    keeps working.
+
+    Attributes:
+        path: the folder the write failed in.
+        free: bytes free there when it failed (None when unknown).
+        needed: bytes still to write, estimated from the plan (None when unknown).
+    """
+
+    def __init__(self, message: str, *, path: str = "", free: int | None = None, needed: int | None = None,
+                 errno: int = 28) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.strerror = message
+        self.filename = path or None
+        self.path = path
+        self.free = free
+        self.needed = needed
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> Any:  # pack's writer processes send it to the pack process
+        return _rebuild, (type(self), str(self), {"path": self.path, "free": self.free, "needed": self.needed,
+                                                  "errno": self.errno})
+
+
+class DestinationBusyError(DestinationError):
+    """Another ``pack`` is writing into the destination (its lock is held).
+
+    Attributes:
+        holder: what the other writer recorded: ``pid``, ``host``, ``started``, ``command``
+            (empty when it had not written them yet).
+    """
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.holder = dict(holder or {})
+
+    def __reduce__(self) -> Any:
+        return _rebuild, (type(self), str(self), {"holder": self.holder})
+
+
+def _rebuild(cls: type[FastfeedError], message: str, attrs: dict[str, Any]) -> FastfeedError:
+    """Unpickle an error that takes keyword attributes (see the classes' ``__reduce__``)."""
+    return cls(message, **attrs)  # type: ignore[call-arg]
 
 
 class IndexVersionError(FastfeedError):

@@ -44,9 +44,21 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from fastfeed._options import Spec, as_bool, at_least, auto_or_int, check_int, fill_doc, option, specs
+from fastfeed._options import (
+    MAX_COUNT,
+    Spec,
+    as_bool,
+    at_least,
+    auto_or_int,
+    callable_or_none,
+    check_int,
+    fill_doc,
+    option,
+    path_or_none,
+    specs,
+)
 from fastfeed._util import check_on_error
-from fastfeed.dist import resolve_world
+from fastfeed.dist import check_rank, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.loading.groups import GROUPS, Crop, Dali, Order, Storage, Tokens, Workers, dali_refuses, plain
 
@@ -72,6 +84,10 @@ __all__ = [
 ]
 
 DECODES = ("cpu", "dali", None)
+#: The most DataLoader worker processes one rank starts (a host has never had this many cores).
+MAX_WORKERS = 1024
+#: The longest ``seq_len`` (2**26 tokens: a row of int64 ids is 512 MB).
+MAX_SEQ_LEN = 1 << 26
 
 
 def _image_size(value: Any, name: str) -> tuple[int, int] | None:
@@ -96,10 +112,10 @@ class LoaderOptions:
     """
 
     batch_size: int = option(None, "samples per batch on each rank (with a batch_sampler: taken from it)",
-                             flag="--batch-size", metavar="B")
+                             check=at_least(1, none=True, most=MAX_COUNT), flag="--batch-size", metavar="B")
     shuffle: bool = option(True, "a new order every epoch, a function of (seed, epoch, world size); False: "
                            "the stored order", check=as_bool)
-    seed: int = option(0, "the seed of the order and of the augmentation", check=at_least(0))
+    seed: int = option(0, "the seed of the order and of the augmentation", check=at_least(0, most=(1 << 64) - 1))
     decode: str | None = option("cpu", "'cpu': JPEG decode and crops in worker processes; 'dali': on the GPU "
                                 "through NVIDIA DALI; None ('none' on the command line): raw bytes", flag="--decode",
                                 choices=("cpu", "dali", "none"), parse=lambda text: None if text == "none" else text)
@@ -111,23 +127,24 @@ class LoaderOptions:
                            check=as_bool)
     num_workers: int | str = option(
         "auto", "DataLoader worker processes; 'auto': a fastfeed tune result for this dataset, host and batch "
-                "shape, else a heuristic of the cores left per rank", flag="--num-workers", parse=auto_or_int,
-        metavar="N", **dali_refuses(("auto", 0), "DALI decodes in its own threads, not in DataLoader workers; drop it "
+                "shape, else a heuristic of the cores left per rank", check=at_least(0, auto=True, most=MAX_WORKERS),
+        flag="--num-workers", parse=auto_or_int, metavar="N", **dali_refuses(("auto", 0), "DALI decodes in its own threads, not in DataLoader workers; drop it "
                                              "and set dali=fastfeed.Dali(num_threads=...) (or leave it 'auto')"))
     drop_last: bool = option(False, "drop the last incomplete batch of each rank", check=as_bool)
     pad: bool = option(True, "with drop_last=False, repeat up to world_size - 1 samples so every rank's share "
                        "has the same size (flagged in batch['valid']); False: every sample exactly once (every "
                        "rank still runs the same number of steps, a last batch may be shorter or empty)",
                        check=as_bool)
-    rank: int = option(None, "this process's rank (default: torch.distributed, then RANK)")
-    world_size: int = option(None, "the number of ranks (default: torch.distributed, then WORLD_SIZE)")
+    rank: int = option(None, "this process's rank (default: torch.distributed, then RANK)", check=check_rank)
+    world_size: int = option(None, "the number of ranks (default: torch.distributed, then WORLD_SIZE)",
+                             check=check_rank)
     cache_dir: str | os.PathLike[str] | None = option(
         None, "local cache for remote and gzipped shards, shared by the host's processes (see Storage)",
-        flag="--cache-dir", metavar="DIR")
+        check=path_or_none, flag="--cache-dir", metavar="DIR")
     on_error: str = option("raise", "a sample that fails to read or decode: 'raise' an error naming it, or "
                            "'skip' it (counted in loader.stats)", check=lambda v, name: check_on_error(v))
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = option(
-        None, "fn(sample) -> sample, run in the workers after decoding each sample",
+        None, "fn(sample) -> sample, run in the workers after decoding each sample", check=callable_or_none,
         **dali_refuses((None,), "a Python function per sample would undo GPU decoding; use augment and "
                            "dali=fastfeed.Dali(output=, mean=, std=), transform the batch in your training step, "
                            "or use decode='cpu'"))
@@ -135,8 +152,10 @@ class LoaderOptions:
                                 "decides every batch (fastfeed.loading.cpu.sampled); one whole dataset")
     seq_len: int | None = option(None, "pack the epoch's documents (a tokens field) into rows of exactly this "
                                  "many tokens: input_ids, position_ids, valid, cu_seqlens "
-                                 "(fastfeed.loading.cpu.tokens); one whole dataset")
-    log_every: int | None = option(None, "log one stats line every N batches (off by default)")
+                                 "(fastfeed.loading.cpu.tokens); one whole dataset",
+                                 check=at_least(1, none=True, most=MAX_SEQ_LEN))
+    log_every: int | None = option(None, "log one stats line every N batches (off by default)",
+                                   check=at_least(1, none=True))
     crop: Crop = option(Crop(), "crop ranges, flips, the evaluation crop and the image field")
     workers: Workers = option(Workers(), "the DataLoader worker processes of decode='cpu' / None")
     dali: Dali = option(Dali(), "the options of decode='dali'")
@@ -245,6 +264,9 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
     groups = _groups(kwargs, legacy, stacklevel=_stacklevel + 1)
     args: dict[str, Any] = {**{f.name: f.default for f, _ in _FLAT_SPECS},
                             "rank": None, "world_size": None, **kwargs, **groups}
+    for f, spec in _FLAT_SPECS:  # each value on its own first (its type, its range); then the rules between them
+        if spec.check is not None:
+            args[f.name] = spec.check(args[f.name], f.name)
     args.update(text_settings(args))  # seq_len, batch_sampler (and batch_size, rank, world_size from it)
     if args.get("batch_size") is None:
         raise ConfigError("loader() needs batch_size= (samples per batch on each rank)")
@@ -264,10 +286,8 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         raise ConfigError(f"{shown}: option(s) of decode='dali', not decode={decode!r}; pass decode='dali' or "
                           f"drop them ({first}: {DALI_ONLY[first]})")
     rank, world_size = resolve_world(args["rank"], args["world_size"])
-    for f, spec in _FLAT_SPECS:
-        if spec.check is not None and f.name not in ("rank", "world_size"):
-            args[f.name] = spec.check(args[f.name], f.name)
-    args.update(batch_size=check_int("batch_size", args["batch_size"], 1), rank=rank, world_size=world_size)
+    args.update(batch_size=check_int("batch_size", args["batch_size"], 1, most=MAX_COUNT), rank=rank,
+                world_size=world_size)
     return LoaderOptions(**args)
 
 

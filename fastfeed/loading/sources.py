@@ -73,6 +73,7 @@ class Source:
     filter: Callable[[Mapping[str, Any]], Any] | None = None
 
     def __post_init__(self) -> None:
+        _check_path(self.path)
         w = self.weight
         if w is not None:
             try:
@@ -91,6 +92,17 @@ class Source:
         return f"Source({', '.join([repr(self.path), *rest])})"
 
 
+
+
+def _check_path(path: Any) -> None:
+    """A dataset is a path or URL, a loaded index, or a non-empty list of tar paths or URLs."""
+    one = (str, os.PathLike)
+    if isinstance(path, DatasetIndex) or (isinstance(path, one) and os.fspath(path)):
+        return
+    if isinstance(path, (list, tuple)) and path and all(isinstance(p, one) and os.fspath(p) for p in path):
+        return
+    raise ConfigError(f"loader({path!r}): name a dataset: a folder or URL with index.json, a loaded "
+                      "fastfeed.DatasetIndex, a list of WebDataset .tar files, or fastfeed.Source(...)s to mix")
 
 
 def as_sources(path_or_url: Any, *, weights: Any = None, subset: Any = None, filter: Any = None

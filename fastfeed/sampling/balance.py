@@ -23,6 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastfeed._options import MAX_COUNT, as_bool, check_int
+from fastfeed._state import check_epoch
+from fastfeed.dist import MAX_WORLD_SIZE
 from fastfeed.errors import ConfigError
 from fastfeed.sampling.steps import CostFn, co_batch_repeat_rate
 from fastfeed.sampling.samplers import (
@@ -185,6 +188,26 @@ class BalanceReport:
         return "\n".join(lines)
 
 
+#: The most (rank, sample) slots one step of the DistributedSampler baseline may have (2**28).
+MAX_BASELINE_SLOTS = 1 << 28
+
+
+def _check_args(world_size: Any, batch_size: Any, seed: Any, epoch: Any, drop_last: Any,
+                baseline: Any) -> tuple[int, int, int, bool, int | None]:
+    """:func:`balance_report`'s own arguments, checked (the samplers check the rest)."""
+    world = check_int("world_size", world_size, 1, most=MAX_WORLD_SIZE)
+    seed = check_int("seed", seed, 0, most=(1 << 63) - 1)
+    epoch = check_epoch(epoch, "balance_report(epoch=...)")
+    if baseline is not None:
+        baseline = check_int("baseline_batch_size", baseline, 1, most=MAX_COUNT)
+    base = baseline if baseline is not None else batch_size
+    if isinstance(base, int) and not isinstance(base, bool) and world * base > MAX_BASELINE_SLOTS:
+        raise ConfigError(f"world_size={world} x batch {base}: the DistributedSampler baseline would lay out "
+                          f"{world * base:,} slots a step (at most {MAX_BASELINE_SLOTS:,}); pass a smaller "
+                          "baseline_batch_size (or batch_size)")
+    return world, seed, epoch, as_bool(drop_last, "drop_last"), baseline
+
+
 def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = None,
                    max_cost: float | str | None = None, cost: Any = "tokens", seed: int = 0, epoch: int = 0,
                    drop_last: bool = False, jitter: float | str | None = None,
@@ -208,6 +231,8 @@ def balance_report(lengths: Any, *, world_size: int, batch_size: int | None = No
     """
     if (batch_size is None) == (max_cost is None):
         raise ConfigError("give exactly one of batch_size (fixed batches) or max_cost (a cost budget)")
+    world_size, seed, epoch, drop_last, baseline_batch_size = _check_args(
+        world_size, batch_size, seed, epoch, drop_last, baseline_batch_size)
     lens = resolve_lengths(lengths)
     common = dict(num_replicas=world_size, rank=0, seed=seed, drop_last=drop_last, cost=cost,
                   jitter="auto" if jitter is None else jitter)

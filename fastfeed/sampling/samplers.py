@@ -52,9 +52,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from fastfeed._state import StateLayout, Stages
+from fastfeed._options import MAX_COUNT, as_bool, at_least, check_int, number
+from fastfeed._state import MAX_EPOCH, StateLayout, Stages, check_epoch
 from fastfeed._util import parse_duration
-from fastfeed.dist import resolve_world
+from fastfeed.dist import MAX_WORLD_SIZE, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex, atomic_write_bytes
 from fastfeed.sampling.costmodel import CostModel
@@ -80,7 +81,7 @@ DEFAULT_JITTER = 0.03
 STATE_LAYOUT = StateLayout(
     "sampler state", version_key="version", version=2, reads=(1, 2), source="the sampler's state_dict()",
     required=("sampler", "epoch", "step", "seed", "num_replicas", "num_samples", "lengths_digest", "config"),
-    ints=("epoch", "step", "num_replicas", "num_samples"),
+    ints=("epoch", "step", "num_replicas", "num_samples"), most=(("epoch", MAX_EPOCH),),
     stages=Stages((("num_replicas", 1), ("steps", 0))), count_key="step",
     v1_stage=lambda state: (state["num_replicas"], state["step"]))
 #: What a state must match: the sampler, its lengths and options (world size may change).
@@ -219,15 +220,14 @@ class _LengthSampler:
                  num_samples: int | None, adaptive_jitter: bool = True) -> None:
         self.rank, self.num_replicas = resolve_world(rank, num_replicas)
         self.lengths = resolve_lengths(lengths, num_samples=num_samples)
-        if not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"seed={seed!r} must be an integer")
-        if jitter != "auto" and not (isinstance(jitter, (int, float)) and 0 <= jitter <= 5):
-            raise ConfigError(f"jitter={jitter!r} must be 'auto' or a number in [0, 5] (log-length units)")
-        self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
+        seed = check_int("seed", seed, 0, most=(1 << 64) - 1)
+        if not (isinstance(jitter, str) and jitter == "auto"):
+            jitter = _jitter(jitter)
+        self.seed, self.shuffle, self.drop_last = seed, as_bool(shuffle, "shuffle"), as_bool(drop_last, "drop_last")
         self.jitter_spec: float | str = jitter if jitter == "auto" else float(jitter)
         self._jitter: float | None = None if jitter == "auto" else float(jitter)
         self.jitter_report: dict[str, Any] | None = None
-        self.adaptive_jitter = bool(adaptive_jitter)
+        self.adaptive_jitter = as_bool(adaptive_jitter, "adaptive_jitter")
         self.cost = resolve_cost(cost)
         self._cost_fn = CostFn(self.cost)
         self.epoch = 0
@@ -326,10 +326,13 @@ class _LengthSampler:
             >>> s.epoch_plan(0).num_steps, rest.num_steps, rest.world_size
             (5, 6, 2)
         """
-        e = self.epoch if epoch is None else int(epoch)
-        world = self.num_replicas if world_size is None else int(world_size)
+        e = self.epoch if epoch is None else check_epoch(epoch, "epoch_plan")
+        world = self.num_replicas if world_size is None else check_int("world_size", world_size, 1,
+                                                                           most=MAX_WORLD_SIZE)
         if after:
-            return self._plan_after(e, tuple((int(w), int(t)) for w, t in after), world)
+            stages = tuple((check_int("after: num_replicas", w, 1, most=MAX_WORLD_SIZE),
+                            check_int("after: steps", t, 0)) for w, t in after)
+            return self._plan_after(e, stages, world)
         if world == self.num_replicas:
             return self._plan(e)
         return self._plan_over(None, epoch=e, world_size=world, seed=self.seed)
@@ -360,7 +363,7 @@ class _LengthSampler:
 
         A position restored by :meth:`load_state_dict` for this same epoch is kept.
         """
-        epoch = int(epoch)
+        epoch = check_epoch(epoch, "set_epoch")
         if epoch != self.epoch:
             self._position, self._resume, self._stages = 0, None, ()
         self.epoch = epoch
@@ -401,7 +404,7 @@ class _LengthSampler:
         if self._digest is None:
             self._digest = _digest(self.lengths)
         if steps is not None:
-            pos = int(steps)
+            pos = check_int("steps", steps, 0)
         else:
             pos = self._position if self._resume is None else self._resume
         return {"sampler": type(self).__name__, "version": STATE_LAYOUT.version, "epoch": self.epoch,
@@ -480,9 +483,7 @@ class DistributedLengthBucketSampler(_LengthSampler):
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
                  jitter: float | str = "auto", adaptive_jitter: bool = True, cost: CostSpec = "tokens",
                  num_samples: int | None = None) -> None:
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
-        self.batch_size = int(batch_size)
+        self.batch_size = check_int("batch_size", batch_size, 1, most=MAX_COUNT)
         super().__init__(lengths, num_replicas=num_replicas, rank=rank, seed=seed, shuffle=shuffle,
                          drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples,
                          adaptive_jitter=adaptive_jitter)
@@ -533,7 +534,7 @@ class DistributedTokenBudgetSampler(_LengthSampler):
                          drop_last=drop_last, jitter=jitter, cost=cost, num_samples=num_samples,
                          adaptive_jitter=adaptive_jitter)
         self.max_cost = _parse_budget(max_cost, self.cost)
-        if oversize not in ("error", "skip"):
+        if not isinstance(oversize, str) or oversize not in ("error", "skip"):
             raise ConfigError(f"oversize={oversize!r} must be 'error' or 'skip'")
         self.oversize = oversize
         self._skip = self._find_oversize()
@@ -571,11 +572,22 @@ class DistributedTokenBudgetSampler(_LengthSampler):
         return {"max_cost": self.max_cost, "oversize": self.oversize, **super()._config()}
 
 
+def _jitter(value: Any) -> float:
+    """``jitter``: a number in [0, 5] (log-length units)."""
+    try:
+        return number(0, 5)(value, "jitter")  # type: ignore[return-value]
+    except ConfigError:
+        raise ConfigError(f"jitter={value!r} must be 'auto' or a number in [0, 5] (log-length units)") from None
+
+
 def _parse_budget(max_cost: float | str, cost: Any) -> float:
     if isinstance(max_cost, str):
         if not (isinstance(cost, CostModel) and cost.unit == "seconds"):
             raise ConfigError(f"max_cost={max_cost!r} is a duration, but the cost is not a fitted model in seconds")
         value = parse_duration(max_cost, "max_cost")
+    elif isinstance(max_cost, bool) or not isinstance(max_cost, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"max_cost={max_cost!r} must be a positive number (the budget of one batch, in the "
+                          "cost's unit)")
     else:
         value = float(max_cost)
     if not (math.isfinite(value) and value > 0):

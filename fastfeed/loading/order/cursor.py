@@ -68,6 +68,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
+from fastfeed._state import MAX_EPOCH, check_epoch
 from fastfeed.errors import ConfigError, FastfeedError, StateError
 from fastfeed.loading.order.elastic import ElasticState, Layout, Stage, mode_of
 from fastfeed.loading.order.rankplan import PlanSpec, RankPlan
@@ -200,8 +201,7 @@ class EpochCursor:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` on the next pass: from its start, or from a loaded resume point of it."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch({epoch!r}): the epoch is an integer >= 0")
+        epoch = check_epoch(epoch, "set_epoch")
         if self._resume is None or epoch != self._epoch:
             self._resume = None
             self._consumed = 0
@@ -223,6 +223,9 @@ class EpochCursor:
         return Pass(self._epoch, start, self._passes, self._prior, self._legacy)
 
     def _next_epoch(self) -> None:
+        if self._epoch >= MAX_EPOCH:
+            raise ConfigError(f"epoch {self._epoch} is the last a loader runs (2**62); a new pass would run the "
+                              "one after it: call set_epoch() with the epoch to run")
         self._epoch += 1
         self._prior, self._legacy = (), False
 

@@ -42,7 +42,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fastfeed._state import Stages, read_int
+from fastfeed._state import MAX_EPOCH, Stages, read_int
 from fastfeed.errors import ConfigError, StateError
 
 __all__ = ["MODES", "STAGES", "ElasticState", "Layout", "Segment", "Stage", "mode_of", "segment_after"]
@@ -228,5 +228,5 @@ class ElasticState:
         """
         if not isinstance(d, Mapping) or "epoch" not in d or "stages" not in d:
             raise StateError(f"elastic state {d!r} is not a dict of epoch and stages; {_FIX}")
-        epoch = read_int(d, "epoch", what="elastic state", fix=_FIX)
+        epoch = read_int(d, "epoch", what="elastic state", fix=_FIX, most=MAX_EPOCH)
         return cls(epoch, tuple(Stage(*row) for row in STAGES.read(d["stages"], what="elastic state", fix=_FIX)))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-from fastfeed._state import StateLayout
+from fastfeed._state import MAX_EPOCH, StateLayout
 from fastfeed.errors import StateError
 from fastfeed.loading.order.elastic import STAGES, ElasticState, Layout, Stage, segment_after
 
@@ -65,7 +65,7 @@ LAYOUT = StateLayout(
     "loader state", version_key="fastfeed_loader", version=STATE_VERSION, reads=(1, 2),
     source="Loader.state_dict()", stages=STAGES, count_key="batches", v1_stage=_v1_row,
     ints=("epoch", "batches", "rank", "seed", "world_size", "batch_size", "num_samples", "shuffle_block"),
-    mismatch="saved {key}={saved}, now {now}")
+    most=(("epoch", MAX_EPOCH),), mismatch="saved {key}={saved}, now {now}")
 _REFIT = ("Resume with the same datasets, weights, epoch_samples, subset/filter, shuffle, seed and shuffle_block "
           "(the sample order depends on them); world size, batch size and num_workers may change")
 
