@@ -4,6 +4,9 @@
   affinity mask (``taskset``, Slurm, Kubernetes cpusets) and, when set, the cgroup CPU
   quota (Docker ``--cpus``), not the machine's total that ``os.cpu_count()`` reports.
 - :func:`memory_total` is physical memory, or the cgroup memory limit when lower.
+- :func:`worker_cores` is what a rank's loader workers may use: the rank's share of the
+  cores less what its training process keeps busy (:func:`trainer_cores`) and the host's
+  own share; :func:`shm_free` is the room left in ``/dev/shm``, where workers put batches.
 - :func:`process_memory` measures the main process and its children (DataLoader
   workers) by proportional set size (PSS) where Linux offers it, so the pages that
   forked workers share copy-on-write are not counted once per worker; file-backed pages
@@ -14,6 +17,8 @@
 Example:
     >>> cpu_count() >= 1 and memory_total() > 0
     True
+    >>> worker_cores(16, 1, gpu=True), worker_cores(2, 1), worker_cores(64, 8, gpu=True)
+    (12, 1, 5)
     >>> snap = process_memory()
     >>> snap.main_bytes is None or snap.main_bytes > 0
     True
@@ -27,7 +32,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostInfo", "MemorySnapshot", "cpu_count", "host_info", "memory_total", "process_memory"]
+__all__ = ["HostInfo", "MemorySnapshot", "cpu_count", "host_info", "memory_total", "process_memory", "shm_free",
+           "trainer_cores", "worker_cores"]
 
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -86,6 +92,49 @@ def memory_total() -> int:
             total = int(text)
             break
     return total
+
+
+def trainer_cores(gpu: bool) -> int:
+    """Cores one training process keeps busy besides its loader's workers.
+
+    One for its Python thread (the step loop: forward, backward and optimizer on the CPU,
+    or the kernel launches of a GPU step); with a GPU one more for the pin-memory thread,
+    which receives every batch, and CUDA's own threads (the driver's, NCCL's proxies).
+
+    Example:
+        >>> trainer_cores(False), trainer_cores(True)
+        (1, 2)
+    """
+    return 2 if gpu else 1
+
+
+def worker_cores(cores: int | None = None, local_ranks: int = 1, *, gpu: bool = False) -> int:
+    """Cores one rank's loader workers may use, at least 0: its share of the host (``cores //
+    local_ranks``) less :func:`trainer_cores` and one core in eight of that share for the
+    rest of the host (interrupts, the page cache's readers, logging, the ranks' siblings).
+
+    ``cores`` defaults to :func:`cpu_count`. On 16 cores with one GPU rank: 12.
+
+    Example:
+        >>> worker_cores(16, 1, gpu=True), worker_cores(32, 4), worker_cores(1, 1)
+        (12, 6, 0)
+    """
+    share = (cpu_count() if cores is None else cores) // max(1, local_ranks)
+    return max(0, share - trainer_cores(gpu) - share // 8)
+
+
+def shm_free() -> int | None:
+    """Bytes free in ``/dev/shm`` (where workers' batches live until the main process lets go), or None.
+
+    Example:
+        >>> shm_free() is None or shm_free() >= 0
+        True
+    """
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):  # no /dev/shm (not Linux)
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _cpu_model() -> str:

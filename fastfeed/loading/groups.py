@@ -30,7 +30,21 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence
 
-from fastfeed._options import as_bool, at_least, auto_or_int, callable_or_none, check_int, group, one_of, option
+from fastfeed._options import (
+    MAX_COUNT,
+    as_bool,
+    at_least,
+    auto_or_int,
+    callable_or_none,
+    check_int,
+    group,
+    mapping_or_none,
+    number,
+    one_of,
+    option,
+    text_or_none,
+)
+from fastfeed._util import parse_size
 from fastfeed.errors import ConfigError
 from fastfeed.loading.order import DEFAULT_SHUFFLE_BLOCK
 from fastfeed.storage.retry import check_retries, check_timeout
@@ -63,7 +77,7 @@ def plain(value: Any) -> bool:
 
 
 def _load(value: Any, name: str) -> Any:
-    if value is None or value == "auto":
+    if value is None or (isinstance(value, str) and value == "auto"):
         return "auto"
     load = float(value) if plain(value) and not isinstance(value, str) else -1.0
     if not 0.0 <= load <= 1.0:
@@ -72,15 +86,47 @@ def _load(value: Any, name: str) -> Any:
 
 
 def _knob(value: Any, name: str) -> Any:
-    if value is None or value == "auto":
+    if value is None or (isinstance(value, str) and value == "auto"):
         return "auto"
-    return check_int(name, value, 1, or_auto=True)
+    return check_int(name, value, 1, or_auto=True, most=1024)
 
 
 def _device(value: Any, name: str) -> Any:
-    if value is not None and value != "auto":
-        check_int(name, value, 0)
+    if value is not None and not (isinstance(value, str) and value == "auto"):
+        return check_int(name, value, 0, most=1023)
     return value
+
+
+def _pin_memory(value: Any, name: str) -> bool | None:
+    return None if value is None else as_bool(value, name)
+
+
+def _start_method(value: Any, name: str) -> Any:
+    """None, a start method's name, or a ``multiprocessing`` context (anything with ``Process``)."""
+    import multiprocessing as mp  # the standard library's: loads no numpy or torch
+
+    if value is None or hasattr(value, "Process"):
+        return value
+    methods = mp.get_all_start_methods()
+    if not isinstance(value, str) or value not in methods:
+        raise ConfigError(f"{name}={value!r}: pass one of {', '.join(map(repr, methods))}, a "
+                          "multiprocessing context (multiprocessing.get_context(...)), or None")
+    return value
+
+
+def _worker_timeout(value: Any, name: str) -> float:
+    """DataLoader's ``timeout``: seconds >= 0 (None: 0, forever)."""
+    return 0.0 if value is None else float(number(0, unit="seconds; 0: forever")(value, name) or 0.0)
+
+
+def _cache_size(value: Any, name: str) -> Any:
+    parse_size(value, name)  # checked here; the cache parses it again where it is built
+    return value
+
+
+#: The JPEG libraries of the CPU decoder (fastfeed.decode.path.BACKENDS, written here so that
+#: this module loads no torch at import; tests/test_public_errors.py checks they agree).
+DECODE_BACKENDS = ("auto", "turbo", "pillow")
 
 
 def _seconds(value: Any, name: str) -> float | None:
@@ -132,10 +178,10 @@ class Crop:
     fraction: float = option(0.875, "the evaluation crop (augment=False) as a share of the shorter side",
                              legacy="crop_fraction")
     image_field: str | None = option(None, "the field decoded as the image (default: the first of jpg, jpeg, "
-                                     "png, webp, ... the dataset has)")
+                                     "png, webp, ... the dataset has)", check=text_or_none)
 
     def _check_together(self) -> dict[str, Any] | None:
-        if all(getattr(self, f.name) == f.default for f in fields(self) if f.name in ("scale", "ratio", "fraction")):
+        if all(getattr(self, f.name) is f.default for f in fields(self) if f.name in ("scale", "ratio", "fraction")):
             return None  # the defaults need no check (and are built at import, before numpy loads)
         from fastfeed.decode.geometry import check_crop  # numpy: not at import (see the imports)
 
@@ -159,17 +205,21 @@ class Workers:
 
     prefetch_factor: int | str | None = option(
         "auto", "batches in flight per worker; 'auto': a fastfeed tune result, else 2",
-        check=at_least(1, auto=True, none=True), flag="--prefetch-factor", parse=auto_or_int, metavar="N",
+        check=at_least(1, auto=True, none=True, most=MAX_COUNT), flag="--prefetch-factor", parse=auto_or_int,
+        metavar="N",
         **dali_refuses(("auto", None), "DALI prepares batches ahead in its own queue; drop it and set "
                                   "dali=fastfeed.Dali(prefetch_queue_depth=...) (or leave it 'auto')"))
     pin_memory: bool | None = option(
         None, "copy batches into pinned memory for a fast copy to the GPU (default: when CUDA is available)",
+        check=_pin_memory,
         **dali_meets("batches come out of DALI's own buffers (on the GPU unless device_id=None)"))
     persistent_workers: bool = option(True, "keep the workers between epochs (ignored with 0 workers)", check=as_bool,
                                       **dali_meets("the DALI pipeline lives as long as the loader"))
     timeout: float = option(0, "seconds to wait for a worker's batch before an error (0: forever)",
+                            check=_worker_timeout,
                             **dali_refuses((0, None), "DALI has no worker processes to wait for; drop it"))
     multiprocessing_context: Any = option(None, "DataLoader's start method for the workers ('fork', 'spawn', ...)",
+                                          check=_start_method,
                                           **dali_refuses((None,), "DALI starts no worker processes; drop it"))
     worker_init_fn: Callable[[int], None] | None = option(
         None, "called in each worker as it starts, with its id", check=callable_or_none,
@@ -182,6 +232,7 @@ class Workers:
         **dali_meets("each batch is DALI's own tensor, never refilled while you hold it"))
     decode_backend: str = option(
         "auto", "the CPU decoder's JPEG library: 'auto' (simplejpeg + OpenCV when installed), 'turbo', 'pillow'",
+        check=one_of(DECODE_BACKENDS, "'auto', 'turbo' or 'pillow'"),
         **dali_refuses(("auto",), "it picks the CPU decoder's JPEG library, and DALI decodes with its own (nvJPEG "
                              "on the GPU); drop it"))
     stall_timeout: float | str | None = option(
@@ -193,6 +244,12 @@ class Workers:
         "log", "what a stall does: 'log' (one warning when the wait passes stall_timeout, again every 5 "
                "minutes while it lasts) or 'raise' (a fastfeed.errors.StallError; with num_workers=0 it logs)",
         check=one_of(("log", "raise"), "'log' or 'raise'"), legacy="")
+    autotune: bool = option(
+        True, "with num_workers='auto' (a tune result or the heuristic, at least 1 worker): keep tuning while "
+              "training runs: when the loop waits for data over 2% of step time, a deeper prefetch_factor at "
+              "once and more workers from the next epoch (up to the cores the host has left for them), each "
+              "change logged with the figure that caused it; the order of batches and resume do not change "
+              "(fastfeed.loading.autotune); False: keep the setting", check=as_bool, legacy="")
 
 
 @group
@@ -254,8 +311,9 @@ class Storage:
     """
 
     options: Mapping[str, Any] | None = option(None, "fsspec options (endpoint, credentials) for remote data",
-                                               legacy="storage_options")
-    cache_size: str | int = option("50GB", "bound of the shard cache (least recently used shards are evicted)")
+                                               check=mapping_or_none, legacy="storage_options")
+    cache_size: str | int = option("50GB", "bound of the shard cache (least recently used shards are evicted)",
+                                   check=_cache_size)
     timeout: float | str | None = option(
         None, "seconds a remote connect or read may go without progress before it is given up and retried (a "
               "number or '90s'); None: $FASTFEED_STORAGE_TIMEOUT, else 60", check=_seconds,
@@ -290,7 +348,7 @@ class Tokens:
 
     pad_id: int | None = option(None, "the value of padded input_ids (default: the pad id `pack --tokenizer` "
                                 "stored, else 0)", check=_pad_id)
-    pad_multiple: int = option(1, "round padded lengths up to a multiple of this", check=at_least(1))
+    pad_multiple: int = option(1, "round padded lengths up to a multiple of this", check=at_least(1, most=1 << 20))
 
 
 @group
@@ -303,10 +361,11 @@ class Order:
     """
 
     shuffle_block: int = option(DEFAULT_SHUFFLE_BLOCK, "samples mixed together within a rank's share (larger: "
-                                "closer to a full shuffle, more shards open at once)", check=at_least(1))
+                                "closer to a full shuffle, more shards open at once)",
+                                check=at_least(1, most=MAX_COUNT))
     epoch_samples: int | None = option(None, "samples per epoch when mixing (default: the largest-weight dataset "
                                        "read once; smaller ones are cycled in complete reshuffled passes)",
-                                       check=at_least(1, none=True))
+                                       check=at_least(1, none=True, most=MAX_COUNT))
 
 
 #: The group keywords of ``loader()``, in order, and their classes.

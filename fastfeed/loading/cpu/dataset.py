@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastfeed.decode import bufpool
-from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
+from fastfeed.decode.bufpool import BufferPool
 from fastfeed.decode.collate import one_storage
 from fastfeed.decode.cpu import CpuDecoder, RawDecoder
 from fastfeed.formats.naming import holds_pixels
@@ -193,12 +193,12 @@ class ShardBatches(IterableDataset):
                 batch.setdefault(k, torch.zeros(0, dtype=torch.int64) if k == "label" else [])
         batch["__source__"] = torch.from_numpy(np.ascontiguousarray(which[rows], dtype=np.int64))
         batch["valid"] = torch.from_numpy(np.ascontiguousarray(planned.valid[rows], dtype=bool))
-        batch = one_storage(batch)  # in a worker: the batch's tensors sent as one storage
+        pooled = bufpool.active()
+        if pooled is not None:  # the tensors in its slots (and the small ones) cross by reference
+            batch = pooled[0].pack(batch)
+        batch = one_storage(batch)  # in a worker: what is left sent as one storage
         batch[SKIPPED_KEY] = skipped
         batch[TIMING_KEY] = (t1 - t0, time.perf_counter() - t1, time.process_time() - cpu0)
-        pooled = bufpool.active()
-        if pooled is not None:
-            batch[BUFFER_KEY] = pooled[0].claims()
         return batch
 
     def _labels(self, ids: np.ndarray, which: np.ndarray) -> np.ndarray | None:
