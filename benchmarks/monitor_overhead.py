@@ -23,8 +23,10 @@ Batches come from memory (already on the device) unless ``--data PATH`` names a 
 read (CPU decode with too few workers: input-bound; ``--decode dali``: compute-bound). Under
 ``torchrun`` each rank trains a DDP replica (NCCL on GPUs, gloo on the CPU) and the monitor's one
 all_gather per window is in the figure too. ``--profile`` (GPU) runs ``torch.profiler`` over the
-last round's monitored pass and prints the GPU's busy share (the union of its kernels over the
-wall time) beside the monitor's compute + collective share for the same steps.
+last round's monitored pass, leaves that round out of the overhead (the profiler costs time of its
+own) and cross-checks the monitor's data-wait share against the profiler's time in the
+DataLoader's ``__next__`` for the same steps (a fastfeed CPU loader is a DataLoader; a DALI
+loader is not, so there only the GPU's busy share is printed, beside the monitor's).
 
 Run (dev machine, 2 cores)::
 
@@ -217,6 +219,7 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
         row.update(verdict=r.verdict, shares=r.shares, own_us=r.shares["other"] * r.step_s * 1e6)
         if prof is not None:
             row["profiler_gpu_busy"] = _gpu_busy(prof, sw.wall)
+            row["profiler_next_share"] = _next_share(prof, sw.wall)
     return row
 
 
@@ -225,6 +228,15 @@ def _profiler() -> Any:
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     return torch.profiler.profile(activities=acts)
+
+
+def _next_share(prof: Any, wall_s: float) -> float | None:
+    """The share of the pass the loop spent in the DataLoader's ``__next__``, as torch.profiler records it
+    (its ``enumerate(DataLoader)#...__next__`` ranges): the profiler's own figure for the monitor's data wait
+    (None: no such range, e.g. a DALI loader, which is no DataLoader)."""
+    spans = [e.time_range.elapsed_us() for e in prof.events()
+             if "DataLoader" in e.name and e.name.endswith("__next__")]
+    return sum(spans) / 1e6 / wall_s if spans else None
 
 
 def _gpu_busy(prof: Any, wall_s: float) -> float | None:
@@ -254,7 +266,9 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
     by_round: dict[int, dict[str, dict[str, Any]]] = {}
     for pt, row in rows:
         by_round.setdefault(pt["round"], {})[pt["monitor"]] = row
-    pairs = [(r["off"]["step_s"], r["on"]["step_s"], r["on"]) for r in by_round.values() if {"off", "on"} <= set(r)]
+    # a profiled pass pays for the profiler: it cross-checks the shares, it is not an overhead round
+    pairs = [(r["off"]["step_s"], r["on"]["step_s"], r["on"]) for r in by_round.values()
+             if {"off", "on"} <= set(r) and "profiler_gpu_busy" not in r["on"]]
     table = [{"round": i, "off_ms": off * 1e3, "on_ms": on * 1e3, "ratio": on / off, "own_us": mon["own_us"],
               "verdict": mon["verdict"]} for i, (off, on, mon) in enumerate(pairs)]
     print(f"\n== fastfeed.StepMonitor overhead: {s['model_name']}, batch {s['batch']}, {s['device']}, "
@@ -273,12 +287,20 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
           f"rounds {spread}) [<= {GOAL:.0%}: {met}]")
     print(f"the monitor's own time: {own:.0f} us per step in training ({own / 1e3 / step_ms:.2%} of the step), "
           f"{s['empty_step_us']:.1f} us per step stepping it alone")
-    busy = [row.get("profiler_gpu_busy") for _, row in rows if row.get("profiler_gpu_busy") is not None]
-    if busy:
-        last = [row for _, row in rows if row.get("profiler_gpu_busy") is not None][-1]
-        mine = last["shares"]["compute"] + last["shares"]["collective"]
-        print(f"torch.profiler: GPU busy {busy[-1]:.1%} of the pass; the monitor: compute + collective {mine:.1%} "
-              f"(data {last['shares']['data']:.1%}, other {last['shares']['other']:.1%})")
+    profiled = [row for _, row in rows if "profiler_gpu_busy" in row]
+    busy = [row["profiler_gpu_busy"] for row in profiled]
+    if profiled:
+        last = profiled[-1]
+        nxt = last.get("profiler_next_share")
+        said = (f"time in DataLoader.__next__ {nxt:.1%} of the pass" if nxt is not None
+                else "no DataLoader.__next__ range (not a DataLoader)")
+        print(f"cross-check, the profiled pass (left out of the overhead rounds): torch.profiler: {said}; "
+              f"the monitor: data wait {last['shares']['data']:.1%}"
+              + (f" (difference {last['shares']['data'] - nxt:+.1%})" if nxt is not None else ""))
+        gb = last["profiler_gpu_busy"]
+        print(f"  (GPU kernels busy {gb:.1%} of the pass; the monitor's compute + collective "
+              f"{last['shares']['compute'] + last['shares']['collective']:.1%} counts a step's host time too, so these "
+              "differ where the step is launch-bound)" if gb is not None else "  (no CUDA kernel recorded)")
     verdicts = sorted({t["verdict"] for t in table})
     print(f"the monitor's verdict{'s' if len(verdicts) > 1 else ''}: {', '.join(verdicts)}"
           + (f" (batches from {s['data']}, decode={ctx.args.decode})" if s.get("data") else " (batches from memory)"))
@@ -286,7 +308,8 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
             "data": s.get("data"), "decode": ctx.args.decode if s.get("data") else None, "verdicts": verdicts,
             "world": s["world"], "every": ctx.args.every, "steps": ctx.args.steps, "rounds": table,
             "overhead": overhead, "step_ms": step_ms, "own_us_per_step": own, "empty_step_us": s["empty_step_us"],
-            "goal": GOAL, "met": overhead <= GOAL, "profiler_gpu_busy": busy[-1] if busy else None}
+            "goal": GOAL, "met": overhead <= GOAL, "profiler_gpu_busy": busy[-1] if busy else None,
+            "profiler_next_share": profiled[-1].get("profiler_next_share") if profiled else None}
 
 
 BENCHMARK = Benchmark(
