@@ -64,11 +64,7 @@ PROSE = {"everywhere", "first", "then", "or", "and", "to", "for", "in", "on", "w
 
 #: Source files whose advice is known to be wrong, each with why; they are outside the change
 #: that added this test. Strict: fixing one makes its case pass, and the entry must go.
-KNOWN_WRONG: dict[str, str] = {
-    "fastfeed/packing/options.py": "RESTARTS_FIX names libturbojpeg0-dev (no jpeglib.h) and "
-    "`pip install --force-reinstall --no-deps --no-binary fastfeed fastfeed` (fastfeed is on no index); "
-    "fastfeed/decode/path.py's _BUILD_FIX says what works",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,13 @@ MIN_SHARD_SIZE = 1_000_000
 #: ``PIL.Image.MAX_IMAGE_PIXELS``), a 9459 x 9459 image, 268 MB of RGB pixels.
 MAX_PIXELS = 89_478_485
 
-#: How to get ``fastfeed._jpegroi`` built (for the messages of every engine).
-RESTARTS_FIX = ("reinstall fastfeed from source with a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: "
-                "apt-get install gcc libturbojpeg0-dev; pip install --force-reinstall --no-deps --no-binary fastfeed "
-                "fastfeed)")
+#: How to get ``fastfeed._jpegroi`` built (for the messages of every engine): ``jpeglib.h`` is in
+#: libjpeg62-turbo-dev (Debian) or libjpeg-turbo8-dev (Ubuntu), not libturbojpeg0-dev; fastfeed is
+#: on no index, so the rebuild is from the clone (as fastfeed/decode/path.py's advice says).
+RESTARTS_FIX = ("install a C compiler and libjpeg-turbo's headers (Debian: apt-get install gcc libjpeg62-turbo-dev; "
+                "Ubuntu: apt-get install gcc libjpeg-turbo8-dev; libturbojpeg0-dev has no jpeglib.h), then "
+                "reinstall from the fastfeed clone: pip install --no-deps --force-reinstall . "
+                "(pip install --no-deps -e . for an editable install)")
 
 
 # ---------------------------------------------------------------------- checks of single options
