@@ -217,9 +217,9 @@ def missing_dependency(module: str, extra: str, purpose: str) -> MissingDependen
 
     Example:
         >>> print(missing_dependency("tokenizers", "text", "--tokenizer"))
-        --tokenizer need the 'tokenizers' module: pip install 'fastfeed[text]' (adds the 'text' extra to the installed fastfeed), or in the fastfeed clone: pip install '.[text]'
+        --tokenizer: the 'tokenizers' module is missing; pip install 'fastfeed[text]' (adds the 'text' extra to the installed fastfeed), or in the fastfeed clone: pip install '.[text]'
     """
     return MissingDependencyError(
-        f"{purpose} need the '{module}' module: pip install 'fastfeed[{extra}]' (adds the '{extra}' extra to the "
-        f"installed fastfeed), or in the fastfeed clone: pip install '.[{extra}]'"
+        f"{purpose}: the '{module}' module is missing; pip install 'fastfeed[{extra}]' (adds the '{extra}' extra "
+        f"to the installed fastfeed), or in the fastfeed clone: pip install '.[{extra}]'"
     )

@@ -272,7 +272,7 @@ def test_missing_pyarrow_names_the_extra(parquet_file, monkeypatch) -> None:
 
     path, _, _ = parquet_file
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(MissingDependencyError, match=r"parquet sources need the 'pyarrow' module: "
+    with pytest.raises(MissingDependencyError, match=r"parquet sources: the 'pyarrow' module is missing; "
                                                      r"pip install 'fastfeed\[text\]'"):
         scan_table(path)
 
