@@ -173,7 +173,7 @@ def decide(windows: Sequence[Window], current: Setting, limits: Limits) -> Decis
     if wait <= limits.goal:
         return Decision(pf, n)
     busy = None if w.work_s is None else min(1.0, w.work_s / (n * w.step_s))
-    new_pf = min(limits.max_prefetch, max(pf, 2 * pf))
+    new_pf = max(pf, min(limits.max_prefetch, 2 * pf))  # a tuned factor past the deepest stays
     while new_pf > pf and not limits.fits(Setting(n, new_pf)):
         new_pf -= 1
     saturated = busy is None or busy >= BUSY
@@ -191,7 +191,7 @@ def decide(windows: Sequence[Window], current: Setting, limits: Limits) -> Decis
             why.append(f"num_workers={n} is what the host has left for workers")
         if pf >= limits.max_prefetch:
             why.append(f"prefetch_factor={pf} is the deepest")
-        if not why:
+        if n < limits.max_workers or pf < limits.max_prefetch:
             why.append("the batches in flight would pass the memory bound")
         return Decision(pf, n, f"{seen}; at its limits ({'; '.join(why)})", at_limit=True)
     changes = []
