@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastfeed
-from fastfeed.decode.bufpool import BufferPool
+from fastfeed.decode.bufpool import BUFFER_KEY, IN_SLOT, BufferPool, Packed
 
 from _loader_data import image_fields, write_dataset
 
@@ -134,3 +134,109 @@ def test_no_pool_without_persistent_workers_or_workers(data: Path) -> None:
     assert fastfeed.loader(data, batch_size=8, image_size=16, num_workers=0)._pool is None
     assert fastfeed.loader(data, batch_size=8, image_size=16, num_workers=2,
                            workers=fastfeed.Workers(persistent_workers=False))._pool is None
+
+
+# ---------------------------------------------------------------------- by reference: Packed records
+def _made(worker: BufferPool, shape: tuple[int, ...], fill: int) -> dict[str, Any]:
+    """A batch as a worker makes it: the image in a slot taken from the pool, small tensors beside it."""
+    n = int(torch.tensor(shape).prod())
+    storage = worker.take(0, n)
+    image = torch.empty(0, dtype=torch.uint8).set_(storage)[:n].view(shape).fill_(fill)
+    return {"__key__": ["a", "b"], "image": image, "label": torch.tensor([fill, fill + 1]),
+            "valid": torch.tensor([True, False])}
+
+
+def test_by_reference_the_buffer_crosses_once_then_only_its_place() -> None:
+    worker, main = _sides(num_workers=1, slots=2)
+    sent = worker.pack(_made(worker, (2, 4, 4, 3), 7))
+    (p,) = sent[BUFFER_KEY]
+    assert isinstance(p, Packed) and p.storage is not None  # the first batch of a buffer carries it
+    assert sent["image"] is IN_SLOT and sent["label"] is IN_SLOT and sent["valid"] is IN_SLOT
+    got = dict(sent)  # one process: the queue would hand over the same record (and the storage once)
+    main.unpack(got)
+    assert got["image"].shape == (2, 4, 4, 3) and int(got["image"].sum()) == 7 * 96
+    assert got["label"].tolist() == [7, 8] and got["valid"].tolist() == [True, False]
+    del got
+    gc.collect()
+    main.sweep()
+    again = worker.pack(_made(worker, (2, 4, 4, 3), 9))  # slot 0 again, acknowledged: no storage this time
+    assert again[BUFFER_KEY][0].slot == 0 and again[BUFFER_KEY][0].storage is None and worker.reused == 1
+    main.unpack(again)
+    assert int(again["image"].sum()) == 9 * 96 and again["label"].tolist() == [9, 10]
+
+
+def test_a_kept_batch_keeps_its_slot_and_small_tensors_are_private_copies() -> None:
+    worker, main = _sides(num_workers=1, slots=2)
+    kept = worker.pack(_made(worker, (2, 8), 1))
+    main.unpack(kept)
+    labels = worker.pack(_made(worker, (2, 8), 2))
+    main.unpack(labels)
+    label, valid = labels["label"], labels["valid"]
+    mapped = main._mapped[1].array
+    lo, hi = mapped.ctypes.data, mapped.ctypes.data + mapped.nbytes
+    assert not lo <= label.data_ptr() < hi and not lo <= valid.data_ptr() < hi  # copies, not views of the slot
+    del labels  # only the label and valid of the second batch are kept: its slot goes
+    gc.collect()
+    main.sweep()
+    assert main.flags.tolist() == [1, 0]  # the first batch, kept whole, keeps slot 0
+    third = worker.pack(_made(worker, (2, 8), 3))
+    assert third[BUFFER_KEY][0].slot == 1  # slot 1 refilled, slot 0 untouched
+    main.unpack(third)
+    assert int(kept["image"].sum()) == 16 and label.tolist() == [2, 3] and int(third["image"].sum()) == 48
+
+
+def test_reclaim_after_a_pass_left_early_by_reference() -> None:
+    worker, main = _sides(num_workers=1, slots=3)
+    delivered = worker.pack(_made(worker, (4,), 1))
+    worker.pack(_made(worker, (4,), 2))  # made, never delivered
+    worker.pack(_made(worker, (4,), 3))
+    main.unpack(delivered)
+    main.reclaim()
+    assert main.flags.tolist() == [1, 0, 0]
+    del delivered
+    gc.collect()
+    main.reclaim()
+    assert main.flags.tolist() == [0, 0, 0]
+
+
+def _all_epochs(dl: fastfeed.Loader, epochs: int) -> list[dict[str, Any]]:
+    """Every batch of ``epochs``, its tensors cloned (the batch itself dropped at once)."""
+    out = []
+    for e in range(epochs):
+        dl.set_epoch(e)
+        out += [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in dl]
+    return out
+
+
+def test_by_reference_every_field_equals_reuse_buffers_false(data: Path) -> None:
+    want = _all_epochs(_loader(data, 4, reuse_buffers=False), 2)
+    dl = _loader(data, 4)
+    assert dl._pool is not None and dl._pool.by_reference
+    got = _all_epochs(dl, 2)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(b[k], torch.Tensor):
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+            else:
+                assert a[k] == b[k], k
+    assert dl._pool.reused > len(got) // 2
+
+
+def test_a_batch_kept_by_the_user_keeps_its_slot_and_its_pixels(data: Path) -> None:
+    dl = _loader(data, 5)
+    dl.set_epoch(0)
+    it = iter(dl)
+    first = next(it)
+    pixels, labels = first["image"].clone(), first["label"]
+    held = [k for k, ref in dl._pool._held.items() if not ref.expired()]
+    assert len(held) == 1
+    rest = [b["label"] for b in it]  # the other batches: only their (private) labels kept
+    assert rest and torch.equal(first["image"], pixels) and labels is first["label"]
+    assert dl._pool.flags[held[0]] == 1  # still taken: nothing refilled it
+    assert not first["label"].is_shared()  # the labels are copies, holding no slot
+    del first
+    gc.collect()
+    dl._pool.sweep()
+    assert dl._pool.flags[held[0]] == 0
