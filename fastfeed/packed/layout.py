@@ -13,6 +13,7 @@ removes exactly the files :data:`OWN_FILE` matches (nothing else in DST)::
     skipped.txt              the inputs ``pack`` left out, one per line
     index.json               written last: the dataset is complete iff it exists
     .fastfeed-pack/          resume records of an unfinished ``pack`` (job.json, one per shard)
+    .fastfeed-pack.lock      held (``flock``) by the ``pack`` writing here: its pid, host, start, command
 
 Example:
     >>> shard_name(3, 1000, ".tar"), dali_index_name("shard-000003.tar"), resume_record("shard-000003.tar")
@@ -31,6 +32,7 @@ __all__ = [
     "JOB_RECORD",
     "LABELS_NAME",
     "LENGTHS_NAME",
+    "LOCK_NAME",
     "OFFSETS_NAME",
     "OWN_FILE",
     "RESUME_DIR",
@@ -54,6 +56,8 @@ SIDECARS = (OFFSETS_NAME, LABELS_NAME, LENGTHS_NAME, SHAPES_NAME, CHECKSUMS_NAME
 SKIPPED_NAME = "skipped.txt"
 #: Folder of an unfinished ``pack``'s resume records; removed when the index is written.
 RESUME_DIR = ".fastfeed-pack"
+#: The lock a running ``pack`` holds in DST (removed when it ends; never one of :data:`OWN_FILE`).
+LOCK_NAME = ".fastfeed-pack.lock"
 #: The job identity of an unfinished ``pack``, inside DST.
 JOB_RECORD = f"{RESUME_DIR}/job.json"
 #: Files fastfeed writes into DST (``--overwrite`` removes these and nothing else).

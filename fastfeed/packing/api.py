@@ -31,12 +31,14 @@ import logging
 import os
 import tempfile
 from functools import partial
+from pathlib import Path
 from typing import Any, Mapping
 
 from fastfeed._options import fill_doc
 from fastfeed._util import check_on_error
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
+from fastfeed.packing.dest import hold_destination
 from fastfeed.packing.engines.local import Progress, run_local
 from fastfeed.packing.engines.objstore import RemoteDest, write_shard_remote
 from fastfeed.packing.engines.ray import cluster_restarts, connection, require_ray, run_ray
@@ -148,17 +150,18 @@ def _run_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], engine: 
         return _pack_into_url(src, str(dst), engine=engine, ray_address=ray_address,
                               storage_options=storage_options, progress=progress, **options)
     dst = local_path(dst) or dst
-    plan = plan_pack(src, dst, **options)  # open the source, cut it into shards
-    if plan.complete:
-        log.info("%s: already holds this dataset; nothing to do (pass --overwrite to re-pack)",
-                 show(plan.dst))
-        cleanup(plan, keep=None)
-        return DatasetIndex.load(plan.dst)
-    if engine == "ray":  # every shard: write_shard
-        results = run_ray(plan, ray_address=ray_address, progress=progress)
-    else:
-        results = run_local(plan, plan.options.workers, progress)
-    return finalize(plan, results)
+    with hold_destination(Path(dst).absolute()):  # one pack at a time into DST: a second one is refused
+        plan = plan_pack(src, dst, **options)  # open the source, cut it into shards
+        if plan.complete:
+            log.info("%s: already holds this dataset; nothing to do (pass --overwrite to re-pack)",
+                     show(plan.dst))
+            cleanup(plan, keep=None)
+            return DatasetIndex.load(plan.dst)
+        if engine == "ray":  # every shard: write_shard
+            results = run_ray(plan, ray_address=ray_address, progress=progress)
+        else:
+            results = run_local(plan, plan.options.workers, progress)
+        return finalize(plan, results)
 
 
 def _pack_into_url(

@@ -26,7 +26,7 @@ from fastfeed.errors import EmptySourceError, IndexMismatchError
 from fastfeed.formats.naming import holds_pixels
 from fastfeed.packed.index import INDEX_VERSION, JPEG_INDEX_VERSION, DatasetIndex, ShardInfo, atomic_write_bytes
 from fastfeed.packed.layout import INDEX_NAME, RESUME_DIR, SKIPPED_NAME
-from fastfeed.packing.dest import remove_own_files
+from fastfeed.packing.dest import on_full_disk, remove_own_files
 from fastfeed.packing.content.pixels import summary
 from fastfeed.packing.plan import PackPlan
 from fastfeed.packing.sources.base import show
@@ -74,7 +74,18 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
     if num == 0:
         raise EmptySourceError(f"{show(plan.src)}: every sample was skipped ({len(skipped)}); "
                                f"nothing to pack. First: {skipped[0]['path']}: {skipped[0]['reason']}")
-    _write_skipped(dst, skipped)
+    with on_full_disk(dst, needed=plan.bytes_to_write):  # ENOSPC/EDQUOT: a DiskFullError naming DST
+        _write_skipped(dst, skipped)
+        index = _index(plan, keep, skipped, num)
+        index.save(dst)
+    own = [r.name for r in keep] + [r.dali_index for r in keep if r.dali_index]
+    cleanup(plan, keep=own + index.to_json()["arrays"] + ([SKIPPED_NAME] if skipped else []))
+    log.info("%s: %d samples in %d shard(s), %d skipped", show(plan.dst), num, len(keep), len(skipped))
+    return replace(index, root=plan.dst)
+
+
+def _index(plan: PackPlan, keep: Sequence[ShardResult], skipped: list[dict[str, str]], num: int) -> DatasetIndex:
+    """The index of the shards kept, with its sidecar arrays (not saved yet)."""
     offsets = np.array([o for r in keep for o in r.offsets], dtype=np.int64).reshape(-1, 2)
     labels = np.array([x for r in keep for x in r.labels], dtype=np.int64) if plan.has_labels else None
     lengths = None
@@ -87,7 +98,7 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         shapes = np.array([hw for r in keep for hw in r.shapes], dtype=np.int32).reshape(-1, 2)
         store = summary(mode, share, keep)
     sizes = _sizes(plan, keep)
-    index = DatasetIndex(
+    return DatasetIndex(
         format=plan.options.format,
         num_samples=num,
         shards=tuple(ShardInfo(r.name, r.samples, r.bytes, r.sha256, r.dali_index) for r in keep),
@@ -104,11 +115,6 @@ def finalize(plan: PackPlan, results: Sequence[ShardResult]) -> DatasetIndex:
         fastfeed_version=__version__,
     ).with_arrays(offsets=offsets, labels=labels, lengths=lengths, shapes=shapes, checksums=checksums,
                   algorithm=algorithm, sizes=sizes)
-    index.save(dst)
-    own = [r.name for r in keep] + [r.dali_index for r in keep if r.dali_index]
-    cleanup(plan, keep=own + index.to_json()["arrays"] + ([SKIPPED_NAME] if skipped else []))
-    log.info("%s: %d samples in %d shard(s), %d skipped", show(plan.dst), num, len(keep), len(skipped))
-    return replace(index, root=plan.dst)
 
 
 def _sizes(plan: PackPlan, keep: Sequence[ShardResult]) -> np.ndarray | None:

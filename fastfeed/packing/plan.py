@@ -50,6 +50,9 @@ __all__ = ["PackPlan", "ShardPlan", "group_units", "plan_pack", "plan_source", "
 
 log = logging.getLogger("fastfeed.pack")
 
+#: Bytes of the sidecars per sample, at most (offsets 16, labels, lengths, checksums 8 each, shapes, sizes 8 each).
+_SIDECAR_BYTES = 56
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -63,6 +66,7 @@ class ShardPlan:
         raw: per sample, whether its image is stored as pixels (``--store raw|mixed:P``); empty: none is.
         files: source files its units read (progress).
         nbytes: source bytes its units read (progress).
+        size: the shard file's expected bytes, estimated from its units (a full disk's message).
     """
 
     number: int
@@ -72,6 +76,7 @@ class ShardPlan:
     raw: tuple[bool, ...] = ()
     files: int = 0
     nbytes: int = 0
+    size: int = 0
 
     @property
     def planned(self) -> int:
@@ -148,6 +153,13 @@ class PackPlan:
         """Bytes of source files the shards read (a table: uncompressed bytes of its units)."""
         return sum(s.nbytes for s in self.shards)
 
+    def bytes_to_write(self) -> int:
+        """Bytes this pack still writes into DST, estimated: the planned shards not there yet, the
+        sidecars and ``index.json`` (what a full disk's message says is still needed)."""
+        dst = Path(self.dst)
+        shards = sum(s.size for s in self.shards if not (dst / s.name).is_file())
+        return shards + _SIDECAR_BYTES * self.num_samples + 300 * len(self.shards) + 4096
+
     @property
     def lengths_field(self) -> str | None:
         """The field ``lengths.npy`` describes: the tokenized field, else ``--length``, else None."""
@@ -221,7 +233,8 @@ def plan_source(source: Source, dst: Path, opts: PackOptions, tok: Tokenizer | N
     suffix = FORMATS[opts.format][2]
     shards = tuple(ShardPlan(n, shard_name(n, len(groups), suffix), tuple(units[a:b]),
                              sum(m.rows for m in measures[a:b]), tuple(raw[a:b]),
-                             sum(m.files for m in measures[a:b]), sum(m.nbytes for m in measures[a:b]))
+                             sum(m.files for m in measures[a:b]), sum(m.nbytes for m in measures[a:b]),
+                             sum(sizes[a:b]))
                    for n, (a, b) in enumerate(groups))
     content = source.content([(s.units, s.raw) for s in shards], opts.output_options(),
                              tok.sha256 if tok is not None else None)
@@ -307,4 +320,5 @@ def _digest(obj: Any) -> str:
 
 def _prepare(plan: PackPlan) -> None:
     record = {"job": plan.job, "fastfeed": __version__, "src": plan.src, "content": plan.content}
-    prepare_destination(Path(plan.dst), overwrite=plan.options.overwrite, record=record)
+    prepare_destination(Path(plan.dst), overwrite=plan.options.overwrite, record=record,
+                        needed=plan.bytes_to_write)

@@ -44,6 +44,7 @@ from fastfeed.formats.naming import RAW_FIELD
 from fastfeed.formats.tar import TarShardWriter
 from fastfeed.packed.index import atomic_write_bytes
 from fastfeed.packed.layout import resume_record
+from fastfeed.packing.dest import on_full_disk
 from fastfeed.packing.content.pixels import Pixels
 from fastfeed.packing.load import shard_items
 from fastfeed.packing.options import RESTARTS_FIX
@@ -207,11 +208,12 @@ def write_shard(plan: PackPlan, number: int, *, progress: ProgressFn | None = No
     dst = Path(plan.dst)
     tmp = dst / f"{shard.name}.{os.getpid()}.tmp"
     try:
-        result = _write(plan, shard, tmp, fingerprint, progress)
-        # Record first, rename last: a shard under its final name always has its record,
-        # so a re-run can check and reuse every shard that became visible.
-        atomic_write_bytes(_record_path(plan, shard), json.dumps(result.to_json()).encode())
-        os.replace(tmp, dst / shard.name)
+        with on_full_disk(dst, needed=plan.bytes_to_write, what=tmp.name):  # ENOSPC/EDQUOT: a DiskFullError naming DST
+            result = _write(plan, shard, tmp, fingerprint, progress)
+            # Record first, rename last: a shard under its final name always has its record,
+            # so a re-run can check and reuse every shard that became visible.
+            atomic_write_bytes(_record_path(plan, shard), json.dumps(result.to_json()).encode())
+            os.replace(tmp, dst / shard.name)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -285,8 +287,12 @@ def _write(plan: PackPlan, shard: ShardPlan, tmp: Path, fingerprint: str,
         dali_name = shard.dali_index_name
         dali_sha = hashlib.sha256(text).hexdigest()
         idx_tmp = dst / f"{dali_name}.{os.getpid()}.tmp"
-        idx_tmp.write_bytes(text)
-        os.replace(idx_tmp, dst / dali_name)
+        try:
+            idx_tmp.write_bytes(text)
+            os.replace(idx_tmp, dst / dali_name)
+        except BaseException:
+            idx_tmp.unlink(missing_ok=True)
+            raise
     return ShardResult(
         number=shard.number, name=shard.name, samples=len(offsets), bytes=size, sha256=sha,
         offsets=offsets, labels=labels, lengths=lengths, skipped=skipped, fields=sorted(fields),
