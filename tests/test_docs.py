@@ -412,7 +412,17 @@ def test_site_api_reference_reads_well(site: Path) -> None:
 def test_site_lists_after_a_paragraph_line_are_lists(site: Path) -> None:
     """benchmarks/RESULTS.md, included by results.md, lists its machines right below "Machines:"."""
     results = (site / "results" / "index.html").read_text()
-    assert re.search(r"<li><strong>h200</strong>", results)
+    assert re.search(r"<li><strong>one NVIDIA H200 \(16 cores\)</strong>", results)
+
+
+def test_site_figures_pages_speak_to_users(site: Path) -> None:
+    """The figures pages name dates, hardware and commands, not our history (sessions, issues,
+    a machine called "python")."""
+    for page in ("results", "benchmarks"):
+        text = re.sub(r"<code>.*?</code>", "", _prose((site / page / "index.html").read_text()), flags=re.S)
+        text = re.sub(r"<[^>]+>", "", text)
+        for wrong in (r"\b[Ss]ession[- ]\d", r"\b[Ii]ssue \d", r"\bmachine python\b", r"\bthe GPU machine\b"):
+            assert not re.search(wrong, text), (page, re.search(rf".{{0,80}}{wrong}.{{0,80}}", text)[0])
 
 
 @pytest.mark.parametrize("path", sorted((DOCS / "_ext").glob("*.py")), ids=lambda p: p.name)
