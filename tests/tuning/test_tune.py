@@ -737,7 +737,7 @@ def test_resolve_auto(tmp_path: Path, caplog: pytest.LogCaptureFixture,
         w, pf, src = tune_mod.resolve_auto(idx, **kw)
         tune_mod.resolve_auto(idx, **kw)
     assert (w, src) == (tune_mod.heuristic_workers(cpu_count(), 1), "heuristic")
-    assert pf == (2 if w else None)
+    assert pf == (tune_mod.heuristic_prefetch(w, 2, 8) if w else None)  # few workers: a deeper queue
     hints = [r for r in caplog.records if "fastfeed tune" in r.getMessage()]
     assert len(hints) == 1  # once per process
     assert f"fastfeed tune {tmp_path} --batch-size 32 --image-size 64" in hints[0].getMessage()
@@ -760,8 +760,10 @@ def test_resolve_auto(tmp_path: Path, caplog: pytest.LogCaptureFixture,
 def test_heuristic() -> None:
     from fastfeed.tuning.api import heuristic_workers
 
-    assert heuristic_workers(16, 1) == 8
+    assert heuristic_workers(16, 1) == 12  # 16 less the trainer's core, less one in eight: 13, at most 12
+    assert heuristic_workers(16, 1, gpu=True) == 12
     assert heuristic_workers(16, 8) == 1
+    assert heuristic_workers(2, 1) == 1
     assert heuristic_workers(1, 1) == 0
     assert heuristic_workers(16, 1, SearchSpace(workers=(0,))) == 0
 
