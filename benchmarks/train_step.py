@@ -33,7 +33,13 @@ Feeders (``--feeders``), each over the same images:
   ``fastfeed`` feeder never sees it), then the same default loader;
 - ``dali``: ``fastfeed.loader(dst, batch_size=B, image_size=S, decode="dali")`` with DALI's
   default knobs (on a machine without CUDA ``dali=fastfeed.Dali(device_id=None)``: DALI on the CPU,
-  a check of the code path, not a figure).
+  a check of the code path, not a figure);
+- ``autotune`` (only when named): the convergence of the loader's own tuning (issue 31, part 4).
+  It starts from a bad setting, a stored tune record of ``--autotune-start`` (2) workers and
+  prefetch factor 2 (as a tune of another job would leave), then the same default loader
+  (``num_workers="auto"``, ``Workers(autotune=True)``) runs ``--autotune-epochs`` (6) whole
+  epochs, each step timed plainly; a row per epoch: img/s, the data-wait share (and without the
+  epoch's first step), the setting, and the changes the loader logged.
 
 Models (``--model``): ``resnet18`` and ``resnet50`` (torchvision, 1000 classes, ``channels_last``,
 bf16 autocast, SGD with momentum; batch 256, 224 px; ``torch.backends.cudnn.benchmark``) on the
@@ -67,6 +73,12 @@ Run (GPU machine, one H200, 16 cores: ResNet-18 and ResNet-50, the four feeders,
 
     FASTFEED_BENCH_DATA=/tmp/bench-data python3 benchmarks/run.py train_step --window 100:250 \\
         --json $OUT/train_step.json
+
+The autotune convergence run (2 workers to start; the CPU machine, then the GPU machine's ResNets)::
+
+    .venv-bench/bin/python benchmarks/run.py train_step --model cnn --device cpu --feeders autotune
+    FASTFEED_BENCH_DATA=/tmp/bench-data python3 benchmarks/run.py train_step --model resnet18,resnet50 \\
+        --feeders autotune --autotune-epochs 6 --json $OUT/train_step_autotune.json
 """
 
 from __future__ import annotations
@@ -87,7 +99,7 @@ if __name__ == "__main__":  # run as a script: the repo's root on the path, for 
 from fastfeed.host import cpu_count  # noqa: E402
 
 from benchmarks.lib.data import BENCH_DATA, pack_defaults, photo_variants, sample_photos, warm  # noqa: E402
-from benchmarks.lib.imagestep import batches, monitored_pass, plain_pass, stream_sync, trainer  # noqa: E402
+from benchmarks.lib.imagestep import batches, epoch_passes, monitored_pass, plain_pass, stream_sync, trainer  # noqa: E402
 from benchmarks.lib.loaders import epochs, fastfeed_loader, shutdown  # noqa: E402
 from benchmarks.lib.measure import Stopwatch  # noqa: E402
 from benchmarks.lib.report import fmt_rate, log, write_json  # noqa: E402
@@ -95,6 +107,7 @@ from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa
 
 MODELS = ("resnet18", "resnet50", "cnn")
 FEEDERS = ("imagefolder", "fastfeed", "fastfeed-tuned", "dali")
+AUTOTUNE = "autotune"  # the convergence run: only when asked for (--feeders autotune)
 PEER = "imagefolder"  # the ratios' denominator
 WORK = BENCH_DATA / "train_step"
 
@@ -153,6 +166,9 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--every", type=int, default=50, help="the step monitor's window, in steps")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads on the CPU")
     ap.add_argument("--lr", type=float, default=0.02, help="SGD's learning rate")
+    ap.add_argument("--autotune-epochs", type=int, default=6, help="epochs of the autotune convergence run")
+    ap.add_argument("--autotune-start", type=int, default=2,
+                    help="the autotune run's starting workers (a stored tune record; prefetch factor 2)")
 
 
 def _cuda(args: argparse.Namespace) -> bool:
@@ -290,6 +306,8 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
         torch.backends.cudnn.benchmark = True
     else:  # one intra-op thread: two on a shared 2-core machine slow the step and make it noisy
         torch.set_num_threads(args.threads)
+    if name == AUTOTUNE:
+        return _converge(point, ctx, s, cuda)
     if name == "fastfeed-tuned":
         os.environ["FASTFEED_TUNE_DIR"] = str(ctx.data["tune_dir"])
     else:  # the other feeders run on defaults: no tune result of this run (nor the caller's) applies
@@ -319,8 +337,91 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
             "device": torch.cuda.get_device_name() if cuda else "cpu"}
 
 
+# ---------------------------------------------------------------------- autotune's convergence
+def _bad_start(packed: Path, s: Shape, workers: int) -> Path:
+    """A folder holding a tune record of ``workers`` workers, prefetch factor 2, for this dataset and shape."""
+    from fastfeed.dist import local_world_size
+    from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
+    from fastfeed.packed.index import DatasetIndex
+
+    index = DatasetIndex.load(packed)
+    store = WORK / f"autotune-start-{packed.name}-b{s.batch}-s{s.image}-w{workers}"
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    key = TuneKey.current(index.fingerprint, batch_size=s.batch, decode="cpu", image_size=s.image,
+                          local_world_size=local_world_size())
+    save_record(TuneRecord(key, workers, 2, details={"reason": "train_step's bad start for autotune"}),
+                str(packed), store_dir=store)
+    return store
+
+
+def _converge(point: Point, ctx: Context, s: Shape, cuda: bool) -> dict[str, Any]:
+    """The default loader from a bad stored setting, autotune on: whole epochs, a row each."""
+    import torch
+
+    args = ctx.args
+    os.environ["FASTFEED_TUNE_DIR"] = str(_bad_start(ctx.data["packed"], s, args.autotune_start))
+    dl = fastfeed_loader(ctx.data["packed"], batch_size=s.batch, image_size=s.image)
+    if dl.autotune is None or dl.workers_from != "tuned":
+        raise SystemExit(f"train_step autotune: the loader did not start from the stored record "
+                         f"(num_workers from {dl.workers_from}, autotune {dl.autotune is not None})")
+    start = {"num_workers": dl.num_workers, "prefetch_factor": dl.prefetch_factor, "from": dl.workers_from,
+             "max_workers": dl.autotune.limits.max_workers, "max_prefetch": dl.autotune.limits.max_prefetch}
+
+    def setting() -> dict[str, Any]:
+        return {"num_workers": dl.num_workers, "prefetch_factor": dl.prefetch_factor}
+
+    step = trainer(point["model"], cuda=cuda, lr=args.lr)
+    try:
+        rows = epoch_passes(epochs(dl), _by_key, step, args.autotune_epochs, stream_sync(cuda), setting)
+    finally:
+        shutdown(dl)
+    what = (f"fastfeed.loader(path, batch_size={s.batch}, image_size={s.image}) from a stored record of "
+            f"{start['num_workers']} workers, prefetch {start['prefetch_factor']}; autotune up to "
+            f"{start['max_workers']} workers, prefetch {start['max_prefetch']}")
+    return {"what": what, "settings": start, "epochs": rows, "changes": list(dl.autotune.changes),
+            "at_limit": dl.autotune.limit,
+            "loadavg_1m": os.getloadavg()[0], "device": torch.cuda.get_device_name() if cuda else "cpu"}
+
+
+def _goal_epoch(rows: list[dict[str, Any]], goal: float) -> int | None:
+    """The first epoch from which every epoch's data wait (after its first step) is at most ``goal``."""
+    for i in range(len(rows)):
+        if all((r["data_share_after_first"] or 0.0) <= goal for r in rows[i:]):
+            return rows[i]["epoch"]
+    return None
+
+
+def _print_converge(title: str, rows: list[tuple[Point, dict[str, Any]]]) -> list[dict[str, Any]]:
+    from fastfeed.loading.autotune import GOAL
+
+    out = []
+    for pt, r in rows:
+        print(f"\n== {title}: autotune convergence (round {pt['round']})")
+        print(f"  {r['what']}")
+        print(f"{'epoch':>6}{'steps':>7}{'img/s':>9}{'data wait':>11}{'after 1st':>11}{'1st wait s':>12}  setting "
+              "(workers x prefetch: at the 1st batch -> at the end)")
+        for e in r["epochs"]:
+            a, b = e["at_start"], e["at_end"]
+            print(f"{e['epoch']:>6}{e['steps']:>7}{fmt_rate(e['img_s']):>9}{_pct(e['data_share']):>11}"
+                  f"{_pct(e['data_share_after_first']):>11}{e['first_wait_s']:>12.2f}  "
+                  f"{a['num_workers']}x{a['prefetch_factor']} -> {b['num_workers']}x{b['prefetch_factor']}")
+        at = _goal_epoch(r["epochs"], GOAL)
+        print(f"  goal (at most {GOAL:.0%} waiting after each epoch's first step): "
+              + (f"met from epoch {at} on" if at is not None else "not met in these epochs"))
+        for c in r["changes"]:
+            print(f"    change: {c}")
+        if r.get("at_limit"):
+            print(f"    then: {r['at_limit']}")
+        out.append({"round": pt["round"], "goal_from_epoch": at, **r})
+    return out
+
+
 def progress(point: Point, row: dict[str, Any]) -> str:
     """One line per point, as soon as it is measured."""
+    if point["feeder"] == AUTOTUNE:
+        return "; ".join(f"epoch {e['epoch']} data {_pct(e['data_share_after_first'])} at "
+                         f"{e['at_end']['num_workers']}x{e['at_end']['prefetch_factor']}" for e in row["epochs"])
     p, m = row["plain"], row["monitor"]
     return (f"plain {fmt_rate(p['img_s'])} img/s, data {p['data_share']:.1%}; monitor {fmt_rate(m['img_s'])} img/s, "
             f"data {m['data_share']:.1%}, {m['verdict']}")
@@ -344,6 +445,11 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
     """One model's table: img/s and data wait (plain, monitor), the verdict, the ratio against ImageFolder."""
     if not rows:  # every point skipped (the runner said why) or failed
         return {}
+    converging = [(pt, r) for pt, r in rows if pt["feeder"] == AUTOTUNE]
+    rows = [(pt, r) for pt, r in rows if pt["feeder"] != AUTOTUNE]
+    if converging and not rows:
+        return _converge_report(converging, ctx)
+    extra = _converge_report(converging, ctx) if converging else None
     model = rows[0][0]["model"]
     s, cuda = shape_of(model, ctx.args), _cuda(ctx.args)
     by: dict[str, list[dict[str, Any]]] = {}
@@ -370,7 +476,17 @@ def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, 
             "window": [s.start, s.end], "images": s.images, "device": device, "summary": summary,
             "rows": [{"feeder": pt["feeder"], "round": pt["round"], **row} for pt, row in rows],
             "skipped": skipped, "data": {k: str(v) for k, v in ctx.data.items()},
-            "tune": tune}
+            "tune": tune, **({"autotune": extra["autotune"]} if extra else {})}
+
+
+def _converge_report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
+    model = rows[0][0]["model"]
+    s = shape_of(model, ctx.args)
+    device = rows[0][1]["device"]
+    title = (f"train_step {model}: batch {s.batch}, {s.image} px; {device}, {ctx.env.get('cores', cpu_count())} "
+             f"cores; {s.images} images ({-(-s.images // s.batch)} steps an epoch)")
+    return {"title": title, "env": ctx.env, "model": model, "batch": s.batch, "image_size": s.image,
+            "images": s.images, "device": device, "autotune": _print_converge(title, rows)}
 
 
 def _tune_figures(path: Path) -> dict[str, Any]:
@@ -429,7 +545,8 @@ BENCHMARK = Benchmark(
     grid=(Axis("model", ("resnet18", "resnet50"), choices=MODELS, flag="--model",
                help="torchvision ResNets on the GPU; cnn: the small CPU model"),
           REPEAT,
-          Axis("feeder", FEEDERS, flag="--feeders", help="what feeds the step")),
+          Axis("feeder", FEEDERS, choices=(*FEEDERS, AUTOTUNE), flag="--feeders",
+               help="what feeds the step; autotune: the convergence run (only when named)")),
     quick={"model": ("cnn",), "tune_budget": "15s"},
 )
 

@@ -10,6 +10,8 @@
   that clock.
 - :func:`monitored_pass`: the same loop under ``fastfeed.StepMonitor``, without per-step
   synchronisation: its shares, verdict and fix, and the pass's wall-clock rate.
+- :func:`epoch_passes`: whole epochs timed as the plain pass, a row per epoch with the loader's
+  setting (the autotune convergence run).
 
 Example:
     >>> step = trainer("cnn", cuda=False, lr=0.01)                              # doctest: +SKIP
@@ -25,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 from benchmarks.lib.measure import Stopwatch
 
-__all__ = ["Step", "batches", "model", "monitored_pass", "plain_pass", "stream_sync", "trainer"]
+__all__ = ["Step", "batches", "epoch_passes", "model", "monitored_pass", "plain_pass", "stream_sync", "trainer"]
 
 #: one training step on (images, labels)
 Step = Callable[[Any, Any], None]
@@ -154,3 +156,40 @@ def monitored_pass(stream: Iterator[Any], step: Step, steps: int, loader: Any, e
             "step_ms": 1e3 * r.step_s, "data_share": r.shares["data"], "shares": r.shares, "verdict": r.verdict,
             "title": r.title, "why": r.why, "fix": r.fix, "stage": r.stage, "notes": list(r.notes),
             "epoch_starts": sum(starts[1:])}
+
+
+def epoch_passes(epoch: Callable[[], Iterator[Any]], split: Callable[[Any], tuple[Any, Any]], step: Step,
+                 epochs: int, sync: Callable[[], None], setting: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
+    """``epochs`` whole epochs, each step timed as :func:`plain_pass` does; a row per epoch.
+
+    ``setting()`` is read after each epoch's first batch (a worker count changed at the boundary
+    applies from there) and after its last (a prefetch changed within it). Each row: img/s and the
+    data-wait share over the epoch, the share without its first step (the queue the workers refill
+    from ``iter()``), the first batch's wait, and the settings.
+    """
+    rows = []
+    for e in range(epochs):
+        clock = Stopwatch.start()
+        waits, totals, samples, first = [], [], 0, None
+        it = epoch()
+        while True:
+            t0 = clock.elapsed()
+            batch = next(it, None)
+            if batch is None:
+                break
+            t1 = clock.elapsed()
+            images, labels = split(batch)
+            if first is None:
+                first = setting()
+            step(images, labels)
+            sync()
+            t2 = clock.elapsed()
+            waits.append(t1 - t0)
+            totals.append(t2 - t0)
+            samples += len(labels)
+        seconds = sum(totals)
+        inner = sum(waits[1:]) / sum(totals[1:]) if len(totals) > 1 else None
+        rows.append({"epoch": e, "steps": len(totals), "img_s": samples / seconds if seconds else 0.0,
+                     "data_share": sum(waits) / seconds if seconds else 0.0, "data_share_after_first": inner,
+                     "first_wait_s": waits[0] if waits else 0.0, "at_start": first or setting(), "at_end": setting()})
+    return rows

@@ -123,7 +123,8 @@ def test_the_autotuner_says_its_limit_once(caplog: pytest.LogCaptureFixture) -> 
             t.observe(wait_s=0.5, step_s=2.0, steps=16, work_s=4.0)
     lines = [r.getMessage() for r in caplog.records if "fastfeed autotune" in r.getMessage()]
     assert len(lines) == 1 and "at its limits" in lines[0]
-    assert t.changes == [] and t.setting == Setting(2, 8) and t.boundary(1) is None
+    assert t.changes == [] and t.limit == lines[0][len("fastfeed autotune: "):]
+    assert t.setting == Setting(2, 8) and t.boundary(1) is None
 
 
 def test_the_autotuner_applies_prefetch_now_and_workers_at_the_boundary(caplog: pytest.LogCaptureFixture) -> None:

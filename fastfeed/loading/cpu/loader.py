@@ -28,7 +28,7 @@ from fastfeed._util import format_bytes
 from fastfeed.decode import bufpool
 from fastfeed.decode.bufpool import BUFFER_KEY, BufferPool
 from fastfeed.decode.collate import Padding
-from fastfeed.decode.cpu import CpuDecoder, RawDecoder
+from fastfeed.decode.cpu import CoverDecoder, CpuDecoder, RawDecoder
 from fastfeed.dist import local_world_size
 from fastfeed.host import cpu_count, memory_total, shm_free, worker_cores
 from fastfeed.loading.auto import resolve_auto
@@ -44,6 +44,7 @@ from fastfeed.loading.order.cursor import EpochCursor, Pass, Resumable
 from fastfeed.loading.order.elastic import Stage, mode_of
 from fastfeed.loading.sources import Sources, cursor_for
 from fastfeed.loading.stats import LoaderStats
+from fastfeed.loading.textopts import cover_decoder, is_aspect
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import ShardSource
 from fastfeed.errors import StallError
@@ -264,6 +265,7 @@ class Autotuner:
         setting: the current :class:`~fastfeed.loading.autotune.Setting`.
         limits: how far it may go (:class:`~fastfeed.loading.autotune.Limits`).
         changes: every change made, as logged (``"data wait 23.0% ...: prefetch_factor 2 -> 4 now"``).
+        limit: what it said when it was still waiting at its limits (None: it has not been).
 
     Example:
         >>> t = Autotuner(Setting(2, 2), gpu=False)
@@ -282,7 +284,7 @@ class Autotuner:
         self.changes: list[str] = []
         self._windows: list[Window] = []
         self._pending = setting.num_workers
-        self._said_limit = False
+        self.limit: str | None = None
         self._external = False
         self._prefetch: Callable[[int], None] | None = None
 
@@ -324,8 +326,8 @@ class Autotuner:
         self._windows.append(w)
         d = decide(self._windows, self.setting, self.limits)
         if d.at_limit:
-            if not self._said_limit:
-                self._said_limit = True
+            if self.limit is None:  # said once
+                self.limit = d.reason
                 log.warning("fastfeed autotune: %s", d.reason)
             return
         if not d.changed:
@@ -399,7 +401,7 @@ def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
         if o.cache_dir is None and idx.shards and is_url(idx.shard_path(0)):
             _warn_no_cache(idx, workers, _max_open(idx, o.order.shuffle_block, o.cache_dir))
     padding, tokens_field = padding_of(index, o)
-    decoder: CpuDecoder | RawDecoder
+    decoder: CpuDecoder | CoverDecoder | RawDecoder
     if o.decode == "cpu":
         decoder = decoder_for(o, pad=padding, tokens_field=tokens_field)
     else:
@@ -429,8 +431,12 @@ def cpu_loader(sources: Sources, o: LoaderOptions) -> Loader:
     )
 
 
-def decoder_for(o: LoaderOptions, *, pad: Padding | None = None, tokens_field: str | None = None) -> CpuDecoder:
+def decoder_for(o: LoaderOptions, *, pad: Padding | None = None,
+                tokens_field: str | None = None) -> CpuDecoder | CoverDecoder:
     """The CPU decoder of ``decode="cpu"`` with options ``o``: the loader's, and ``fastfeed doctor``'s probes'.
+
+    With a :class:`~fastfeed.sampling.aspect.DistributedAspectRatioSampler` as ``batch_sampler``,
+    a :class:`~fastfeed.decode.cpu.CoverDecoder` over it (:func:`~fastfeed.loading.textopts.cover_decoder`).
 
     Example:
         >>> from fastfeed.loading.groups import Crop
@@ -440,9 +446,10 @@ def decoder_for(o: LoaderOptions, *, pad: Padding | None = None, tokens_field: s
         ((32, 32), False)
     """
     c = o.crop
-    return CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.workers.decode_backend,
+    base = CpuDecoder(image_size=o.image_size, augment=o.augment, seed=o.seed, backend=o.workers.decode_backend,
                       image_field=c.image_field, transform=o.transform, scale=c.scale, ratio=c.ratio, flip=c.flip,
                       crop_fraction=c.fraction, pad=pad, tokens_field=tokens_field)
+    return cover_decoder(base, o.batch_sampler, o.crop.bucket_crop) if is_aspect(o.batch_sampler) else base
 
 
 def _max_open(index: DatasetIndex, shuffle_block: int, cache_dir: Any) -> int:
