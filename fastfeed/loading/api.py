@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fastfeed.errors import ConfigError
 from fastfeed.loading.cpu.loader import Loader, cpu_loader
-from fastfeed.loading.cpu.sampled import check_sampler_fits
+from fastfeed.loading.cpu.sampled import SamplerStream, check_sampler_fits
 from fastfeed.loading.dali.backend import dali_loader
 from fastfeed.loading.dali.pipeline import DaliLoader
 from fastfeed.loading.groups import Crop, Dali, Order, Storage, Tokens, Workers
@@ -195,7 +195,8 @@ def build_loader(sources: Sequence[Source], options: LoaderOptions) -> Loader | 
     if options.decode == "dali":
         for index in opened.indexes:
             check_encoded(index)
-        return dali_loader(opened.indexes, options, opened.spec, opened.names)
+        stream = None if options.batch_sampler is None else SamplerStream(options.batch_sampler)
+        return dali_loader(opened.indexes, options, opened.spec, opened.names, stream=stream)
     return cpu_loader(opened, options)
 
 

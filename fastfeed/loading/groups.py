@@ -49,10 +49,12 @@ from fastfeed.errors import ConfigError
 from fastfeed.loading.order import DEFAULT_SHUFFLE_BLOCK
 from fastfeed.storage.retry import check_retries, check_timeout
 
-__all__ = ["Crop", "Dali", "GROUPS", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "OUTPUTS", "Order", "Storage",
-           "Tokens", "Workers", "dali_meets", "dali_refuses", "plain"]
+__all__ = ["BUCKET_CROPS", "Crop", "Dali", "GROUPS", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "OUTPUTS", "Order",
+           "Storage", "Tokens", "Workers", "dali_meets", "dali_refuses", "plain"]
 
 OUTPUTS = ("uint8", "float16", "float32")
+#: ``Crop(bucket_crop=)``: the placements of :data:`fastfeed.decode.geometry.CROPS` (kept here, numpy-free).
+BUCKET_CROPS = ("random", "center")
 LAYOUTS = ("NCHW", "NHWC")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -179,6 +181,9 @@ class Crop:
                              legacy="crop_fraction")
     image_field: str | None = option(None, "the field decoded as the image (default: the first of jpg, jpeg, "
                                      "png, webp, ... the dataset has)", check=text_or_none)
+    bucket_crop: str = option("random", "with an aspect-ratio batch_sampler, where the image resized to cover its "
+                              "bucket is cropped when augmenting: 'random' or 'center' (augment=False: the center)",
+                              check=one_of(BUCKET_CROPS, "'random' or 'center'"))
 
     def _check_together(self) -> dict[str, Any] | None:
         if all(getattr(self, f.name) is f.default for f in fields(self) if f.name in ("scale", "ratio", "fraction")):

@@ -148,8 +148,9 @@ class LoaderOptions:
         **dali_refuses((None,), "a Python function per sample would undo GPU decoding; use augment and "
                            "dali=fastfeed.Dali(output=, mean=, std=), transform the batch in your training step, "
                            "or use decode='cpu'"))
-    batch_sampler: Any = option(None, "a DistributedTokenBudgetSampler or DistributedLengthBucketSampler that "
-                                "decides every batch (fastfeed.loading.cpu.sampled); one whole dataset")
+    batch_sampler: Any = option(None, "a DistributedTokenBudgetSampler, DistributedLengthBucketSampler or "
+                                "DistributedAspectRatioSampler that decides every batch "
+                                "(fastfeed.loading.cpu.sampled); one whole dataset")
     seq_len: int | None = option(None, "pack the epoch's documents (a tokens field) into rows of exactly this "
                                  "many tokens: input_ids, position_ids, valid, cu_seqlens "
                                  "(fastfeed.loading.cpu.tokens); one whole dataset",
@@ -275,7 +276,7 @@ def loader_options(*, _stacklevel: int = 2, **kwargs: Any) -> LoaderOptions:
         raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None (raw bytes)")
     if decode == "dali":
         _check_dali_can_honour(args)
-        if args["image_size"] is None:
+        if args["image_size"] is None and args.get("batch_sampler") is None:  # an aspect sampler's buckets size it
             raise ConfigError(
                 "decode='dali' needs image_size= (an int or (height, width)): DALI delivers each "
                 "batch as one tensor, so every image is cropped/resized to one size")

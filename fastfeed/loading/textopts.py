@@ -12,9 +12,11 @@ options so each reads on its own:
 - ``tokens=Tokens(pad_id=, pad_multiple=)``: padded batches of a ``tokens`` field or of ragged
   arrays a ``transform`` returns (:func:`fastfeed.decode.collate.collate`). ``pad_id``
   None is resolved against the dataset (the pad id ``pack --tokenizer`` stored, else 0).
-- ``batch_sampler``: a :class:`~fastfeed.sampling.samplers.DistributedTokenBudgetSampler`
-  or :class:`~fastfeed.sampling.samplers.DistributedLengthBucketSampler` that decides
-  every batch (:mod:`fastfeed.loading.cpu.sampled`). It owns the order, so ``shuffle``,
+- ``batch_sampler``: a :class:`~fastfeed.sampling.samplers.DistributedTokenBudgetSampler`,
+  :class:`~fastfeed.sampling.samplers.DistributedLengthBucketSampler` or
+  :class:`~fastfeed.sampling.aspect.DistributedAspectRatioSampler` that decides
+  every batch (:mod:`fastfeed.loading.cpu.sampled`). An aspect-ratio sampler's buckets set
+  each batch's image size (no ``image_size``), and it is the one ``decode="dali"`` takes. It owns the order, so ``shuffle``,
   ``seed``, ``drop_last`` and ``order=Order(shuffle_block=)`` go to the sampler, and ``batch_size``
   comes from it (a length-bucket sampler's ``batch_size``; a token budget's typical
   batch, used only for the worker heuristics). Its world is the loader's world.
@@ -30,17 +32,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
+from fastfeed.decode.cpu import CoverDecoder, CpuDecoder
 from fastfeed.errors import ConfigError
 from fastfeed.loading.order.epoch import DEFAULT_SHUFFLE_BLOCK
+from fastfeed.sampling.aspect import DistributedAspectRatioSampler
 from fastfeed.sampling.samplers import (
     DistributedLengthBucketSampler,
     DistributedTokenBudgetSampler,
 )
 
-__all__ = ["SAMPLERS", "text_settings", "typical_batch"]
+__all__ = ["SAMPLERS", "cover_decoder", "is_aspect", "max_batch", "text_settings", "typical_batch"]
 
 #: The samplers ``loader(batch_sampler=)`` takes.
-SAMPLERS = (DistributedTokenBudgetSampler, DistributedLengthBucketSampler)
+SAMPLERS = (DistributedTokenBudgetSampler, DistributedLengthBucketSampler, DistributedAspectRatioSampler)
 #: The order options a batch sampler owns, with the values that leave it to the sampler.
 _ORDER = {"shuffle": True, "seed": 0, "drop_last": False, "shuffle_block": DEFAULT_SHUFFLE_BLOCK}
 
@@ -75,7 +81,8 @@ def text_settings(args: Mapping[str, Any]) -> dict[str, Any]:
     sampler = args.get("batch_sampler")
     tokens = args["tokens"]
     if args.get("decode") == "dali":
-        values = {"seq_len": seq_len, "batch_sampler": sampler, "pad_id": tokens.pad_id,
+        values = {"seq_len": seq_len, "batch_sampler": None if is_aspect(sampler) else sampler,
+                  "pad_id": tokens.pad_id,
                   "pad_multiple": tokens.pad_multiple}
         given = [f"{k}={values[k]!r}" for k, neutral in (("seq_len", None), ("batch_sampler", None), ("pad_id", None),
                                                          ("pad_multiple", 1)) if values[k] != neutral]
@@ -105,8 +112,9 @@ def _check_seq_len(args: Mapping[str, Any], sampler: Any) -> None:
 def _sampler_settings(args: Mapping[str, Any], sampler: Any) -> dict[str, Any]:
     if not isinstance(sampler, SAMPLERS):
         raise ConfigError(
-            f"batch_sampler={type(sampler).__name__}: loader() takes a DistributedTokenBudgetSampler or "
-            "a DistributedLengthBucketSampler (fastfeed.sampling.samplers); for another sampler use "
+            f"batch_sampler={type(sampler).__name__}: loader() takes a DistributedTokenBudgetSampler, "
+            "a DistributedLengthBucketSampler or a DistributedAspectRatioSampler (fastfeed.sampling); for another "
+            "sampler use "
             "fastfeed.open_dataset() with a torch DataLoader")
     values = _order_values(args)
     given = [k for k, default in _ORDER.items() if values[k] != default]
@@ -116,15 +124,20 @@ def _sampler_settings(args: Mapping[str, Any], sampler: Any) -> dict[str, Any]:
             "order; pass shuffle/seed/drop_last to the sampler and drop them here")
     name = type(sampler).__name__
     batch_size = args.get("batch_size")
-    if isinstance(sampler, DistributedLengthBucketSampler):
+    if is_aspect(sampler) and args.get("image_size") is not None:
+        raise ConfigError(f"image_size={args['image_size']!r}: with a {name} each batch takes its bucket's "
+                          "(height, width); drop image_size= (the sampler's resolution= or buckets= set the sizes)")
+    if isinstance(sampler, DistributedLengthBucketSampler) or (is_aspect(sampler) and sampler.batch_size is not None):
         if batch_size is not None and batch_size != sampler.batch_size:
             raise ConfigError(f"batch_size={batch_size!r} but the {name} makes batches of "
                               f"{sampler.batch_size}; drop batch_size= (it comes from the sampler)")
         batch_size = sampler.batch_size
     else:
         if batch_size is not None:
-            raise ConfigError(f"batch_size={batch_size!r}: a {name} sizes every batch to fit "
-                              f"max_cost={sampler.max_cost:g}; drop batch_size=")
+            budget = f"max_pixels={sampler.max_pixels}" if getattr(sampler, "max_pixels", None) is not None \
+                else f"max_cost={sampler.max_cost:g}"
+            raise ConfigError(f"batch_size={batch_size!r}: a {name} sizes every batch to fit {budget}; "
+                              "drop batch_size=")
         batch_size = typical_batch(sampler)
     world = {"rank": sampler.rank, "world_size": sampler.num_replicas}
     for k, v in world.items():
@@ -132,6 +145,47 @@ def _sampler_settings(args: Mapping[str, Any], sampler: Any) -> dict[str, Any]:
             raise ConfigError(f"{k}={args[k]!r} but the batch_sampler was built for {k}={v}; build the "
                               f"sampler with the loader's world (num_replicas=, rank=) or drop {k}=")
     return {"batch_sampler": sampler, "batch_size": batch_size, **world}
+
+
+def is_aspect(sampler: Any) -> bool:
+    """The sampler is a :class:`~fastfeed.sampling.aspect.DistributedAspectRatioSampler` (batches of image buckets).
+
+    Example:
+        >>> is_aspect(None)
+        False
+    """
+    return isinstance(sampler, DistributedAspectRatioSampler)
+
+
+def cover_decoder(base: CpuDecoder, sampler: Any, crop: str) -> CoverDecoder:
+    """``base`` resizing each image to cover its bucket of the aspect-ratio ``sampler`` and cropping
+    it (``crop``: ``Crop(bucket_crop=)``): what ``decode="cpu"`` decodes with, and where
+    ``decode="dali"`` takes its crop boxes from, so both crop alike.
+
+    Example:
+        >>> s = DistributedAspectRatioSampler([[300, 400]], resolution=64, batch_size=1, num_replicas=1, rank=0)
+        >>> (hw, c) = cover_decoder(CpuDecoder(augment=False), s, "random").crops(np.array([0]), 0)
+        >>> hw, c.boxes.tolist(), c.top_left.tolist()
+        ((64, 64), [[0, 47, 300, 300]], [[0, 10]])
+    """
+    b = sampler.buckets
+    return CoverDecoder(base, shapes=np.stack([b.heights, b.widths], axis=1), bucket_of=sampler.bucket_of,
+                        sizes=sampler.sizes, crop=crop)
+
+
+def max_batch(sampler: Any) -> int:
+    """The most images one batch of ``sampler`` holds (what a DALI pipeline's batch size must be).
+
+    Example:
+        >>> max_batch(DistributedAspectRatioSampler([[480, 640]] * 5, resolution=64, batch_size=3,
+        ...                                         num_replicas=1, rank=0))
+        3
+    """
+    sizes = getattr(sampler, "batch_sizes", None)
+    if sizes is None:
+        return int(sampler.batch_size)
+    used = np.unique(sampler.bucket_of[sampler.bucket_of >= 0])
+    return int(np.max(sizes[used])) if used.size else 1
 
 
 def typical_batch(sampler: Any) -> int:

@@ -45,16 +45,18 @@ class SamplerPlan:
     """One epoch of a sampler for one rank, with the interface of a
     :class:`~fastfeed.loading.order.rankplan.RankPlan` (``num_batches``, ``batch(b)``)."""
 
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> None:
         self.flat, self.offsets = np.asarray(flat, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        self.valid = np.ones(self.flat.size, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
         self.num_batches = int(self.offsets.size - 1)
 
     def batch(self, b: int) -> Batch:
-        """The samples of step ``b`` (one dataset, no padding)."""
+        """The samples of step ``b`` (one dataset; ``valid`` False on the sampler's padding repeats)."""
         if not 0 <= b < self.num_batches:
             raise IndexError(f"batch {b} out of range for {self.num_batches} batches")
-        ids = self.flat[self.offsets[b]:self.offsets[b + 1]]
-        return Batch(ids, np.zeros(ids.size, dtype=np.int64), np.ones(ids.size, dtype=bool))
+        at = slice(self.offsets[b], self.offsets[b + 1])
+        ids = self.flat[at]
+        return Batch(ids, np.zeros(ids.size, dtype=np.int64), self.valid[at])
 
 
 def sampler_stages(stages: tuple[Stage, ...]) -> list[tuple[int, int]]:
@@ -65,8 +67,9 @@ def sampler_stages(stages: tuple[Stage, ...]) -> list[tuple[int, int]]:
 def sampler_plan(sampler: Any, epoch: int, prior: tuple[Stage, ...] = ()) -> SamplerPlan:
     """``sampler``'s batches of ``epoch`` for its rank, or of the rest of the epoch after the
     loader's stages ``prior`` (elastic resume; the sampler's own state is left alone)."""
-    flat, offsets = sampler.epoch_plan(epoch, after=sampler_stages(prior)).rank_batches(sampler.rank)
-    return SamplerPlan(flat, offsets)
+    plan = sampler.epoch_plan(epoch, after=sampler_stages(prior))
+    flat, offsets = plan.rank_batches(sampler.rank)
+    return SamplerPlan(flat, offsets, plan.rank_valid(sampler.rank))
 
 
 def check_sampler_fits(sampler: Any, num_samples: int, where: str) -> None:
@@ -101,6 +104,10 @@ class SamplerStream:
                 self._counts.pop(next(iter(self._counts)))
             self._counts[key] = sampler_plan(self.sampler, epoch, prior).num_batches
         return self._counts[key]
+
+    def plan(self, epoch: int, prior: tuple[Stage, ...] = ()) -> SamplerPlan:
+        """This rank's steps of ``epoch`` (of its rest after ``prior``): what ``decode="dali"`` feeds."""
+        return sampler_plan(self.sampler, epoch, prior)
 
     def state(self, epoch: int, batches: int, prior: tuple[Stage, ...] = ()) -> dict[str, Any]:
         return {"sampler": self.ident}

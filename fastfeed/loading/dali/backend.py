@@ -280,7 +280,8 @@ def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], use
 
 
 def dali_loader(index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOptions,
-                spec: PlanSpec | None = None, names: Sequence[str] | None = None) -> DaliLoader:
+                spec: PlanSpec | None = None, names: Sequence[str] | None = None, *,
+                stream: Any = None) -> DaliLoader:
     """The ``decode="dali"`` loader over packed tar datasets (see the module docstring).
 
     ``fastfeed.loader(..., decode="dali")`` calls this with the datasets' indexes and its
@@ -295,6 +296,8 @@ def dali_loader(index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOpt
         spec: the plan inputs with the weights and each dataset's ``subset`` / ``filter``
             (:func:`fastfeed.loading.sources.open_sources`); None: every sample of one dataset.
         names: the datasets as the user named them, for messages.
+        stream: with an aspect-ratio ``batch_sampler``, its batches
+            (:class:`~fastfeed.loading.cpu.sampled.SamplerStream`: each epoch's steps, the state's fields).
 
     Returns:
         A :class:`DaliLoader`; ``options.knobs_from`` says where its knobs came from.
@@ -319,4 +322,4 @@ def dali_loader(index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOpt
     knobs, source = _resolve_knobs(indexes[0], options)
     dali = replace(options.dali, **knobs, device_id=resolve_device(options.dali.device_id))
     resolved = replace(options, dali=dali, knobs_from=source)
-    return DaliLoader(indexes, resolved, dali=d, spec=spec, names=names)
+    return DaliLoader(indexes, resolved, dali=d, spec=spec, names=names, stream=stream)

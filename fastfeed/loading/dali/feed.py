@@ -237,13 +237,18 @@ class BatchFeeder:
         on_error: a sample whose bytes fail their checksum (:meth:`ShardMaps.damaged`):
             ``"raise"`` a SampleError, or ``"skip"`` it (excluded from then on, its reason in
             :attr:`reasons`).
+        extra: ``extra(planned, ids, epoch) -> int64 (len(ids), k)``: more ``meta`` columns after
+            the first :data:`META_COLUMNS` (an aspect-ratio batch's crop boxes, from the batch's
+            planned samples and the ones fed, -1 for a placeholder); None: none.
     """
 
     def __init__(self, table: SampleTable, maps: ShardMaps,
                  labels: Callable[[np.ndarray], np.ndarray] | None,
                  plan: Callable[[int], RankPlan], placeholder: bytes,
-                 pack: Callable[[list[memoryview]], Any] = list, on_error: str = "raise") -> None:
+                 pack: Callable[[list[memoryview]], Any] = list, on_error: str = "raise",
+                 extra: Callable[[np.ndarray, np.ndarray, int], np.ndarray] | None = None) -> None:
         self.on_error = on_error
+        self.extra = extra
         #: why samples were left out by the feed (sample number -> message), with on_error="skip"
         self.reasons: dict[int, str] = {}
         self.table = table
@@ -282,16 +287,20 @@ class BatchFeeder:
         """The next batch to feed: its images (``pack(views)``) and ``meta`` rows
         ``(generation, epoch, step, sample id, label)``, int64 (B, 5)."""
         epoch, step, planned = next(self._batches)
-        ids, skipped, valid = self._drop_excluded(self.table.global_ids(planned.ids, planned.source), planned.valid)
+        wanted = self.table.global_ids(planned.ids, planned.source)
+        ids, skipped, valid = self._drop_excluded(wanted, planned.valid)
         ids, skipped, valid = self._drop_damaged(ids, skipped, valid)
         views = self._views(ids)
         if not views:  # every sample excluded, or an empty batch (pad=False): one placeholder
             ids, valid = np.array([-1], dtype=np.int64), np.zeros(1, dtype=bool)
             views = [self._placeholder]
         images = self.pack(views)
-        meta = np.empty((len(ids), META_COLUMNS), dtype=np.int64)
+        more = None if self.extra is None else self.extra(wanted, ids, epoch)
+        meta = np.empty((len(ids), META_COLUMNS + (0 if more is None else more.shape[1])), dtype=np.int64)
         meta[:, GENERATION], meta[:, EPOCH], meta[:, STEP], meta[:, SAMPLE] = self.generation, epoch, step, ids
         meta[:, LABEL] = self.labels(np.maximum(ids, 0)) if self.labels is not None else 0
+        if more is not None:
+            meta[:, META_COLUMNS:] = more
         self.pending.append(FedBatch(self.generation, epoch, step, ids, skipped, (images, views), valid))
         return images, meta
 

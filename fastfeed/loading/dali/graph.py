@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from fastfeed.loading.dali.cover import cover_images
 from fastfeed.loading.dali.feed import LABEL
 from fastfeed.loading.options import LoaderOptions
+from fastfeed.loading.textopts import max_batch
 
 __all__ = ["ENCODED", "META", "PROBE", "build_pipeline", "pipeline_seed", "probe_pipeline", "split_threads"]
 
@@ -34,7 +36,9 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
     :class:`~fastfeed.loading.dali.feed.BatchFeeder`, the label in column
     :data:`~fastfeed.loading.dali.feed.LABEL`).
 
-    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU).
+    Outputs: images (uint8/float, NCHW/NHWC), labels (int64), meta (int64 (B, 5), CPU); with an
+    aspect-ratio ``batch_sampler``, the images are the fed cover crops
+    (:func:`~fastfeed.loading.dali.cover.cover_images`) and a fourth output holds their upright shapes.
     ``num_threads``: this pipeline's CPU threads (default ``o.dali.num_threads``; a loader of
     several pipelines gives each its share, :func:`split_threads`).
 
@@ -42,27 +46,31 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
         >>> pipe = build_pipeline(import_dali(), options, seed=1)   # doctest: +SKIP
     """
     fn, types = d.fn, d.types
-    h, w = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
+    h, w = o.image_size or (0, 0)  # loader_options() requires one for decode="dali" (or an aspect sampler)
     threads = o.dali.num_threads if num_threads is None else num_threads
-    pipe = d.Pipeline(batch_size=o.batch_size, num_threads=threads, device_id=o.dali.device_id,
-                      seed=seed, prefetch_queue_depth=o.dali.prefetch_queue_depth)
+    cover = o.batch_sampler is not None  # an aspect-ratio sampler's batches: fastfeed's crops (loading.dali.cover)
+    pipe = d.Pipeline(batch_size=max_batch(o.batch_sampler) if cover else o.batch_size, num_threads=threads,
+                      device_id=o.dali.device_id, seed=seed, prefetch_queue_depth=o.dali.prefetch_queue_depth)
     decoder = _decoder(d, o)
     with pipe:
         encoded = fn.external_source(name=ENCODED, no_copy=True, dtype=types.UINT8)
         meta = fn.external_source(name=META, no_copy=True, dtype=types.INT64)
         labels = meta[LABEL]
-        if o.augment:
+        shapes: Any = None
+        mirror: Any = 0
+        if cover:
+            images, mirror, shapes = cover_images(d, encoded, meta, decoder)
+        elif o.augment:
             images = fn.decoders.image_random_crop(
                 encoded, random_area=list(o.crop.scale), random_aspect_ratio=list(o.crop.ratio),
                 num_attempts=10, **decoder)
             images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror: Any = fn.random.coin_flip(probability=0.5) if o.crop.flip else 0
+            mirror = fn.random.coin_flip(probability=0.5) if o.crop.flip else 0
         else:
             anchor, shape = _center_box(d, encoded, o)
             images = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW",
                                              normalized_anchor=False, normalized_shape=False, **decoder)
             images = fn.resize(images, resize_x=w, resize_y=h)
-            mirror = 0
         norm: dict[str, Any] = {}
         if o.dali.output != "uint8":
             norm = {"mean": [255.0 * m for m in o.dali.mean or ()], "std": [255.0 * s for s in o.dali.std or ()]}
@@ -70,7 +78,8 @@ def build_pipeline(d: Any, o: LoaderOptions, seed: int, *, num_threads: int | No
         images = fn.crop_mirror_normalize(
             images, dtype=dtype, output_layout="CHW" if o.dali.layout == "NCHW" else "HWC",
             mirror=mirror, **norm)
-        pipe.set_outputs(images, labels.gpu() if o.gpu else labels, meta)
+        outputs = (images, labels.gpu() if o.gpu else labels, meta)
+        pipe.set_outputs(*outputs, *(() if shapes is None else (shapes,)))
     pipe.build()
     return pipe
 

@@ -81,6 +81,7 @@ from fastfeed.loading.dali.graph import (
     probe_pipeline,
     split_threads,
 )
+from fastfeed.loading.dali.cover import CoverFeed, mismatch_message
 from fastfeed.loading.dali.wait import OutputWait
 from fastfeed.loading.dali.reuse import PipelineSet, adopt, keep_warm, park, pipeline_key
 from fastfeed.loading.dali.table import SampleTable, concat_tables, sample_table
@@ -185,14 +186,16 @@ class DaliLoader(Resumable):
     """
 
     def __init__(self, index: DatasetIndex | Sequence[DatasetIndex], options: LoaderOptions, *, dali: Any,
-                 spec: PlanSpec | None = None, names: Sequence[str] | None = None) -> None:
+                 spec: PlanSpec | None = None, names: Sequence[str] | None = None, stream: Any = None) -> None:
         self.indexes: tuple[DatasetIndex, ...] = (index,) if isinstance(index, DatasetIndex) else tuple(index)
         self.index = self.indexes[0]
         self.options = options
         self.batch_size = options.batch_size
         self.rank, self.world_size = options.rank, options.world_size
         self.stats = LoaderStats(log_every=options.log_every)
-        self._cursor = cursor_for(self.indexes, options, spec)
+        self._cursor = cursor_for(self.indexes, options, spec, stream=stream)
+        self._sampled = stream  # an aspect-ratio sampler's batches (SamplerStream), or None
+        self._cover = None if stream is None else CoverFeed(options)
         self._planned: tuple[Any, ...] = ((), False)  # (prior stages, legacy) the pipe was fed for
         self._dali = dali
         # Storage(timeout=, retries=) ride in the fsspec options to every read of the feed
@@ -210,8 +213,8 @@ class DaliLoader(Resumable):
         # counts for the others): "cls" when labels come from the index, "txt", "json", ...
         self._other = [e for e in self._table.exts
                        if e != self._label_field and self._beside_image(e).any()]
-        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._cursor.plan, placeholder_jpeg(),
-                                   pack=tensor_batch(dali), on_error=options.on_error)
+        self._feeder = BatchFeeder(self._table, self._maps, self._labels, self._plan, placeholder_jpeg(),
+                                   pack=tensor_batch(dali), on_error=options.on_error, extra=self._cover)
         # the pipelines (batch j of the feed comes from pipeline j % N) and what they run;
         # left to the next loader of the same shape if this one is dropped unclosed
         self._set = PipelineSet(pending=self._feeder.pending)
@@ -226,6 +229,13 @@ class DaliLoader(Resumable):
         self._check_images()
 
     # ------------------------------------------------------------------ setup
+    def _plan(self, epoch: int) -> Any:
+        """This rank's batches of ``epoch``: the cursor's plan, or the sampler's steps (of the rest
+        of the epoch after the stages of an elastic resume)."""
+        if self._sampled is None:
+            return self._cursor.plan(epoch)
+        return self._sampled.plan(epoch, self._planned[0] if epoch == self._cursor.epoch else ())
+
     def _label_source(self) -> tuple[Any, str | None]:
         """Labels from the index, else parsed from the ``cls`` field (once per sample),
         else None (no ``"label"`` in batches), as ``decode="cpu"`` does."""
@@ -266,7 +276,7 @@ class DaliLoader(Resumable):
 
     def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         clock = time.perf_counter
-        for step in range(start, self._cursor.plan(epoch).num_batches):
+        for step in range(start, self._cursor.epoch_batches(epoch)):
             t0 = clock()
             batch, skipped, messages = self._next_batch(epoch, step)
             t1 = clock()
@@ -382,7 +392,7 @@ class DaliLoader(Resumable):
         pipe.feed_input(META, meta)
 
     def _advance(self, epoch: int, step: int) -> None:
-        n = self._cursor.plan(epoch).num_batches
+        n = self._cursor.epoch_batches(epoch)
         self._stream = (epoch, step + 1) if step + 1 < n else (epoch + 1, 0)
 
     def _next_batch(self, epoch: int, step: int) -> tuple[dict[str, Any], int, list[str]]:
@@ -460,12 +470,20 @@ class DaliLoader(Resumable):
 
     def _to_batch(self, outs: Any, ids: np.ndarray, valid: np.ndarray) -> tuple[dict[str, Any], list[int]]:
         """Torch batch of one pipeline output (``valid``: per fed sample, False on padding);
-        also returns samples dropped here (bad fields)."""
+        also returns samples dropped here (bad fields, a header that lies)."""
         images = self._tensor(outs[0])
         labels = self._tensor(outs[1]) if self._labels is not None else None
         keep = ids >= 0  # placeholder rows (a batch whose samples were all skipped) go
         others: dict[str, list[Any]] = {}
         dropped: list[int] = []
+        top_left = None
+        if self._cover is not None:
+            top_left = self._cover.top_left(np.array(outs[2].as_tensor()))
+            shapes = np.array(outs[3].as_tensor())
+            for j in self._cover.mismatched(ids, shapes):
+                self._refuse(int(ids[j]), mismatch_message(shapes[j], self._cover.sizes[ids[j]]))
+                keep[j] = False
+                dropped.append(int(ids[j]))
         for ext in self._other:
             values, bad = self._field_values(ext, ids)
             if values is not None:
@@ -480,6 +498,7 @@ class DaliLoader(Resumable):
             others = {k: [v for v, kp in zip(vals, keep.tolist()) if kp] for k, vals in others.items()}
             ids = ids[keep]
             valid = valid[keep]
+            top_left = None if top_left is None else top_left[keep]
         batch: dict[str, Any] = {"image": images}
         if labels is not None:
             batch["label"] = labels
@@ -487,7 +506,17 @@ class DaliLoader(Resumable):
         batch.update(others)
         batch["__source__"] = torch.from_numpy(self._table.source_of(ids))
         batch["valid"] = torch.from_numpy(np.ascontiguousarray(valid, dtype=bool))
+        if top_left is not None:  # SDXL's conditioning, as decode="cpu" gives it
+            batch["original_size"] = torch.from_numpy(self._cover.sizes[ids].reshape(-1, 2))
+            batch["crop_top_left"] = torch.from_numpy(np.ascontiguousarray(top_left))
         return batch, dropped
+
+    def _refuse(self, i: int, why: str) -> None:
+        """Sample ``i`` cannot be delivered: a SampleError naming it, or (``on_error="skip"``) its reason kept."""
+        shard, key, offset = where(self._table, self._maps, i)
+        if self.options.on_error == "raise":
+            raise SampleError(f"{shard}: sample '{key}': {why}", shard=shard, key=key, offset=offset)
+        self._skip_reasons[i] = why
 
     def _beside_image(self, ext: str, ids: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Which of samples ``ids`` hold field ``ext`` other than as their image."""

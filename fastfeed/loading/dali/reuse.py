@@ -61,7 +61,7 @@ MAX_PARKED = 1
 
 # What the pipelines are built from: every option the graph, the decoder and the schedule
 # read (fastfeed.loading.dali.graph), and nothing about the dataset, the order or the host side.
-_KEY_FIELDS = ("batch_size", "image_size", "augment", "crop", "dali")
+_KEY_FIELDS = ("batch_size", "image_size", "augment", "crop", "dali", "batch_sampler")
 
 _PARKED: OrderedDict[tuple[Any, ...], "PipelineSet"] = OrderedDict()
 # a loader's finalizer runs where the garbage collector does: any thread, or this one inside adopt()
@@ -109,7 +109,7 @@ def pipeline_key(o: LoaderOptions, builder: Any = None) -> tuple[Any, ...] | Non
         >>> pipeline_key(LoaderOptions(batch_size=4, image_size=(16, 16))) is None
         True
     """
-    if o.augment:
+    if o.augment or o.batch_sampler is not None:  # an aspect-ratio sampler's pipelines: their own graph
         return None
     return (builder, *(getattr(o, name) for name in _KEY_FIELDS))
 
