@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import textwrap
 from dataclasses import MISSING, dataclass, field, fields
 from numbers import Integral, Real
@@ -117,14 +118,25 @@ def doc_lines(cls: Any, *, indent: int = 4, names: Any = None, defaults: bool = 
     """Google-style lines ``name: doc (default X).`` for the options of ``cls``.
 
     ``names``: only these fields (in this order); default all. ``defaults``: name the
-    default (a function's signature shows its own).
+    default (a function's signature shows its own), unless the doc line already says what
+    the default does (``"(default: when CUDA is available)"``): each default is said once.
+
+    Example:
+        >>> @group
+        ... class Demo:
+        ...     size: int = option(3, "items per batch")
+        ...     pin: bool | None = option(None, "pinned copies (default: when CUDA is available)")
+        >>> print(doc_lines(Demo, indent=0))
+        size: items per batch (default 3).
+        pin: pinned copies (default: when CUDA is available).
     """
     chosen = dict((f.name, (f, s)) for f, s in specs(cls))
     order = list(names) if names is not None else list(chosen)
     out = []
     for name in order:
         f, s = chosen[name]
-        text = s.doc.rstrip(".") + (f" (default {_default_text(f)})." if defaults else ".")
+        said = re.search(r"\bdefault\b", s.doc) is not None
+        text = s.doc.rstrip(".") + (f" (default {_default_text(f)})." if defaults and not said else ".")
         line = f"{name}: {text}"
         out.append(textwrap.fill(line, width=100, initial_indent=" " * indent, break_on_hyphens=False,
                                  subsequent_indent=" " * (indent + 4)))

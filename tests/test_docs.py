@@ -404,6 +404,10 @@ def test_site_api_reference_reads_well(site: Path) -> None:
         if name.startswith("reference"):  # grouped entries ("rank, world_size: ...") are split
             cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td>\s*<code>(.*?)</code>", html, flags=re.S)]
             assert not [c for c in cells if re.fullmatch(r"\w+,\s*\w+.*", c)], name
+            said_twice = [c for c in (re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", html,
+                                                                                     flags=re.S))
+                          if len(re.findall(r"\bdefault\b", c)) > 1]  # "(default: when CUDA ...) (default None)"
+            assert not said_twice, (name, said_twice)
     # roles became links: loader() in Loader's docstring leads to the function
     links = re.findall(r'<a class="autorefs autorefs-internal"[^>]* href="#fastfeed.loading.api.loader">(.*?)</a>', ref)
     assert "<code>loader()</code>" in [re.sub(r"</?span[^>]*>", "", link) for link in links]
