@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "Dali": "fastfeed.loading.groups",
     "DatasetIndex": "fastfeed.packed.index",
     "DestinationError": "fastfeed.errors",
+    "DistributedAspectRatioSampler": "fastfeed.sampling.aspect",
     "DistributedLengthBucketSampler": "fastfeed.sampling.samplers",
     "DistributedTokenBudgetSampler": "fastfeed.sampling.samplers",
     "DoctorReport": "fastfeed.diagnosis.report",
