@@ -62,8 +62,9 @@ def _whole(v: Any) -> bool:
 
 def _int_error(text: str, v: Any, least: int, fix: str, most: int | None = None) -> StateError:
     """``<text> an integer >= least; <fix>`` and the likely cause: a lossy checkpoint format, or an edit."""
-    rule = f"an integer >= {least}" if most is None else f"an integer from {least} to {most}"
-    bound = f"never below {least}" if most is None or _whole(v) and v < least else f"never above {most}"
+    above = most is not None and _whole(v) and v > most
+    rule = f"an integer from {least} to {most}" if above else f"an integer >= {least}"
+    bound = f"never above {most}" if above else f"never below {least}"
     cause = (f" (its integers are {bound}; was it edited?)" if _whole(v) else
              " unchanged (a checkpoint format that turns integers into floats or strings breaks it)")
     return StateError(f"{text} {rule}; {fix}{cause}")
