@@ -18,6 +18,11 @@
 #                                         #   through the map and as rows (loader_raw.py; builds _jpegroi and
 #                                         #   _resize), then resize_kernel.py on one core (~5 min)
 #   bash benchmarks/gpu_runs.sh dalibuild # issue 20: what a first Pipeline.build() costs, per variant (~1 min)
+#   bash benchmarks/gpu_runs.sh trainstep # ResNet-18/50 training steps fed by ImageFolder, fastfeed's defaults,
+#                                         #   after tune, DALI: img/s and the data-wait share (train_step.py, ~6 min;
+#                                         #   TRAIN_ARGS to narrow it, e.g. "--model resnet18 --feeders fastfeed,dali")
+#   bash benchmarks/gpu_runs.sh monitor   # the step monitor's overhead on ResNet-50 and its cross-check against
+#                                         #   torch.profiler, CPU decode with 2 workers and DALI (~4 min)
 #
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
@@ -25,7 +30,14 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 source benchmarks/gpu_setup.sh || exit 1
 CORES16=${CORES16:-0-15}  # the cores of the 16-core stages (dali, dalivar, tune, roi)
-stage=${1:?stage: dali|dalivar|scaling|tokens|gputokens|tune|s3|loadercpu|roi|raw|dalibuild}
+stage=${1:?stage: dali|dalivar|scaling|tokens|gputokens|tune|s3|loadercpu|roi|raw|dalibuild|trainstep|monitor}
+_build_ext() {  # fastfeed/_jpegroi and fastfeed/_resize for this Python, as `pip install .` builds them
+  local INC SUF
+  INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  SUF=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  [ -f "fastfeed/_jpegroi$SUF" ] || gcc -O2 -shared -fPIC -I"$INC" fastfeed/_jpegroi.c -ljpeg -o "fastfeed/_jpegroi$SUF"
+  [ -f "fastfeed/_resize$SUF" ] || gcc -O3 -shared -fPIC -I"$INC" fastfeed/_resize.c -o "fastfeed/_resize$SUF"
+}
 case "$stage" in
 dali)
   taskset -c $CORES16 python3 benchmarks/dali_gpu.py --json "$OUT/dali_gpu.json" ${DALI_ARGS:-} 2>&1 | tee "$OUT/dali_gpu.log"
@@ -138,5 +150,17 @@ raw)
 dalibuild)
   taskset -c $CORES16 python3 benchmarks/dali_build.py --images .dali-bench/imagenet-sample \
       --json "$OUT/dali_build.json" 2>&1 | tee "$OUT/dali_build.log" ;;
+trainstep)
+  _build_ext
+  FASTFEED_BENCH_DATA=${FASTFEED_BENCH_DATA:-/tmp/bench-data} python3 benchmarks/run.py train_step --window 100:250 \
+      ${TRAIN_ARGS:-} --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | grep -v "^RESULT" ;;
+monitor)
+  _build_ext
+  python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --repeat 5 \
+      --json "$OUT/monitor_overhead.json" 2>&1 | tee "$OUT/monitor_overhead.log" | grep -v "^RESULT" | tail -12
+  python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --data synth --workers 2 --steps 60 \
+      --repeat 3 --profile --json "$OUT/monitor_cpu2.json" 2>&1 | tee "$OUT/monitor_cpu2.log" | grep -v "^RESULT" | tail -10
+  python3 benchmarks/run.py monitor_overhead --model resnet50 --device cuda --data synth --decode dali --steps 60 \
+      --repeat 3 --profile --json "$OUT/monitor_dali.json" 2>&1 | tee "$OUT/monitor_dali.log" | grep -v "^RESULT" | tail -10 ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
