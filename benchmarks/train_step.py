@@ -163,6 +163,8 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--classes", type=int, default=100, help="class folders of the dataset")
     ap.add_argument("--imagefolder-workers", type=int, default=None, help="ImageFolder's workers (default: cores)")
     ap.add_argument("--tune-budget", default=None, help="fastfeed.tune's time_budget (default: tune's own, 60s)")
+    ap.add_argument("--tune-step-time", type=float, default=None,
+                    help="fastfeed.tune's step_time (seconds per batch: the step's own, measured; default none)")
     ap.add_argument("--every", type=int, default=50, help="the step monitor's window, in steps")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads on the CPU")
     ap.add_argument("--lr", type=float, default=0.02, help="SGD's learning rate")
@@ -200,7 +202,7 @@ def prepare(ctx: Context) -> dict[str, Path]:
     if feeders - {"imagefolder"}:
         data["packed"] = pack_defaults(folder)
     if "fastfeed-tuned" in feeders:
-        data["tune_dir"], data["tune_result"] = _tune(data["packed"], s, args.tune_budget)
+        data["tune_dir"], data["tune_result"] = _tune(data["packed"], s, args.tune_budget, args.tune_step_time)
     read = [p for p in (folder if "imagefolder" in feeders else None, data.get("packed")) if p is not None]
     with Stopwatch() as took:
         cached = warm(*read)
@@ -208,8 +210,9 @@ def prepare(ctx: Context) -> dict[str, Path]:
     return data
 
 
-def _tune(packed: Path, s: Shape, budget: str | None) -> tuple[Path, Path]:
-    """``fastfeed.tune(packed, batch_size, image_size)``, stored in a folder of this run (emptied first)."""
+def _tune(packed: Path, s: Shape, budget: str | None, step_time: float | None) -> tuple[Path, Path]:
+    """``fastfeed.tune(packed, batch_size, image_size)`` (and ``step_time``), stored in a folder of this run
+    (emptied first)."""
     import fastfeed
 
     store = WORK / f"tune-{packed.name}-b{s.batch}-s{s.image}"
@@ -217,7 +220,8 @@ def _tune(packed: Path, s: Shape, budget: str | None) -> tuple[Path, Path]:
     store.mkdir(parents=True)
     with Stopwatch() as took:
         res = fastfeed.tune(packed, batch_size=s.batch, image_size=s.image, store_dir=store,
-                            **({"time_budget": budget} if budget else {}))
+                            **({"time_budget": budget} if budget else {}),
+                            **({"step_time": step_time} if step_time else {}))
     log(f"fastfeed.tune in {took.wall:.0f} s: {res.summary()}")
     result = store / "tune-result.json"
     write_json(result, {**res.to_json(), "wall_s": took.wall})

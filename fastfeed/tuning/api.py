@@ -37,6 +37,7 @@ from fastfeed.dist import local_world_size, resolve_world
 from fastfeed.errors import ConfigError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.loading.api import build_loader
+from fastfeed.loading.autotune import GOAL as WAIT_GOAL
 from fastfeed.loading.auto import (
     HEURISTIC_MAX_WORKERS,
     heuristic_workers,
@@ -63,6 +64,7 @@ from fastfeed.tuning.search import Trial, search
 __all__ = [
     "HEURISTIC_MAX_WORKERS",
     "TuneResult",
+    "busy_step",
     "heuristic_workers",
     "LOADER_OPTIONS",
     "lookup",
@@ -161,6 +163,26 @@ def measure_loader(
                                                  min_rounds=min_rounds, clock=clock))
     return _measure_loader(path, setting, o, seconds=seconds, min_batches=min_batches, min_rounds=min_rounds,
                            clock=clock, consume=consume, on_loader=on_loader)
+
+
+def busy_step(seconds: float) -> Callable[[Any], None]:
+    """A stand-in for a training step: ``seconds`` of CPU on the calling thread per batch.
+
+    ``tune(step_time=)`` measures every setting with it, so the loader is measured as the job
+    runs it: the training thread holds a core for its step (a worker more than the host has
+    left slows the loop), and ``num_workers=0`` decodes between steps, not beside them.
+
+    Example:
+        >>> import time
+        >>> t0 = time.perf_counter(); busy_step(0.01)(None); time.perf_counter() - t0 >= 0.01
+        True
+    """
+    def step(batch: Any) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # a spin, not a sleep: a training step keeps its core busy
+            pass
+
+    return step
 
 
 def _in_child(fn: Callable[[], Measurement]) -> Measurement:
@@ -330,8 +352,12 @@ def tune(
         max_workers: cap on workers (default: twice the cores per rank).
         target_rate: samples/s the training step consumes per rank; picks the cheapest
             setting that reaches it (plus ``headroom``) and leaves the other cores free.
-        step_time: the training step's seconds per batch instead (``target_rate =
-            batch_size / step_time``).
+        step_time: the training step's seconds per batch instead: every setting is measured
+            with a stand-in for the step (:func:`busy_step`: ``step_time`` of CPU on the
+            measuring thread per batch, as a training thread takes its core), and the target
+            is the step's own rate less the data wait the loader's autotune aims below
+            (``batch_size / step_time x (1 - 2%)``, no headroom): the loader alone delivers
+            more than in the job (``num_workers=0`` decodes between steps, not beside them).
         memory_budget: what main process + workers may use, e.g. ``"16GB"`` (default:
             half of the usable memory divided by ``LOCAL_WORLD_SIZE``).
         headroom: margin above the target (default 10%).
@@ -371,10 +397,12 @@ def tune(
                                tokens=tokens, order=order)
     if target_rate is not None and step_time is not None:
         raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
+    consume = None
     if step_time is not None:
         if step_time <= 0:
             raise ConfigError(f"step_time={step_time} must be > 0 seconds")
-        target_rate = batch_size / step_time
+        # measured beside a stand-in for the step, a setting delivers at most the step's rate
+        target_rate, headroom, consume = batch_size / step_time * (1 - WAIT_GOAL), 0.0, busy_step(step_time)
     budget = parse_duration(time_budget, "time_budget")
     if budget <= 0:
         raise ConfigError(f"time_budget={time_budget!r} must be positive")
@@ -400,7 +428,7 @@ def tune(
              cores_per_rank, per_trial, format_bytes(mem_budget) if mem_budget else "none")
 
     def measure_fn(s: Setting, seconds: float = per_trial) -> Measurement:
-        return measure_loader(index.root or path, s, options=options, seconds=seconds)
+        return measure_loader(index.root or path, s, options=options, seconds=seconds, consume=consume)
 
     def confirm_fn(s: Setting) -> Measurement:
         return measure_fn(s, CONFIRM_SCALE * per_trial)

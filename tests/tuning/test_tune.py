@@ -852,3 +852,43 @@ def test_real_tune_cli_json_and_plot(tiny_dataset: Path, tmp_path: Path,
     assert out["target_met"] is True and out["chosen"]["num_workers"] == 0  # cheapest meeting 1/s
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     assert Path(out["stored_at"]).parent == store
+
+
+def test_step_time_measures_beside_a_stand_in_for_the_step(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``step_time`` every setting is measured with a busy step, and the target is the step's rate
+    less 2%: ``num_workers=0`` (fast alone, serial with the step in the job) is no longer chosen."""
+    import fastfeed
+    import fastfeed.tuning.api as tune_api
+
+    step_s, batch = 0.05, 32  # the step consumes 640 samples/s
+    consumers: list[Any] = []
+
+    def fake(path: Any, s: Setting, *, consume: Any = None, **kw: Any) -> Measurement:
+        consumers.append(consume)
+        alone = 700.0 if s.num_workers == 0 else min(900.0, 400.0 * s.num_workers)
+        if consume is None:
+            return fake_measurement(alone)
+        if s.num_workers == 0:  # decode between steps: the times add up
+            return fake_measurement(1 / (1 / alone + step_s / batch))
+        return fake_measurement(min(batch / step_s, alone))
+
+    monkeypatch.setattr(tune_api, "measure_loader", fake)
+    alone = fastfeed.tune(tiny_dataset, batch_size=batch, image_size=32, target_rate=600, time_budget="5s",
+                          store=False)
+    assert alone.num_workers == 0 and set(consumers) == {None}  # what held 40% waiting on the 2-core VM
+    consumers.clear()
+    job = fastfeed.tune(tiny_dataset, batch_size=batch, image_size=32, step_time=step_s, time_budget="5s",
+                        store=False)
+    assert consumers and None not in consumers  # every trial beside the stand-in
+    assert job.target_rate == pytest.approx(batch / step_s * 0.98)
+    assert job.num_workers == 2 and job.target_met
+
+
+def test_busy_step_spins_its_time() -> None:
+    import time
+
+    from fastfeed.tuning.api import busy_step
+
+    t0 = time.perf_counter()
+    busy_step(0.05)(None)  # a spin to a wall-clock deadline (the step time measured in the job is wall time)
+    assert time.perf_counter() - t0 >= 0.05
