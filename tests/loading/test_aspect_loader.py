@@ -208,3 +208,23 @@ def test_images_smaller_than_any_bucket_follow_the_fit_policy(tmp_path: Path) ->
     got = {k: b for b in fastfeed.loader(dst, batch_sampler=s, num_workers=0) for k in b["__key__"]}
     tiny = next(b for k, b in got.items() if k.endswith("tiny"))
     assert tiny["image"].shape[2] * tiny["image"].shape[3] >= 48 * 48
+
+
+def test_a_state_saved_on_two_ranks_resumes_on_three(photos: Path) -> None:
+    old = [fastfeed.loader(photos, batch_sampler=sampler(photos, num_replicas=2, rank=r), num_workers=0)
+           for r in range(2)]
+    heads = []
+    for dl in old:
+        it = iter(dl)
+        heads.append([next(it) for _ in range(2)])
+    state = old[0].state_dict()
+    new = [fastfeed.loader(photos, batch_sampler=sampler(photos, num_replicas=3, rank=r), num_workers=w)
+           for r, w in ((0, 0), (1, 2), (2, 0))]
+    for dl in new:
+        dl.load_state_dict(state)
+    rests = [list(dl) for dl in new]
+    assert len({len(r) for r in rests}) == 1  # equal steps on the new ranks
+    valid = [k for part in (heads, rests) for r in part for b in r
+             for k, v in zip(b["__key__"], b["valid"].tolist()) if v]
+    assert sorted(valid) == sorted(set(valid)) and len(valid) == 24  # every image once
+    assert all(b["image"].shape[0] == len(b["__key__"]) == len(b["crop_top_left"]) for r in rests for b in r)
