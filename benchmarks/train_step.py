@@ -224,7 +224,7 @@ def _tune(packed: Path, s: Shape, budget: str | None, step_time: float | None) -
                             **({"step_time": step_time} if step_time else {}))
     log(f"fastfeed.tune in {took.wall:.0f} s: {res.summary()}")
     result = store / "tune-result.json"
-    write_json(result, {**res.to_json(), "wall_s": took.wall})
+    write_json(result, {**res.to_json(), "wall_s": took.wall, "step_time": step_time})
     return store, result
 
 
@@ -500,7 +500,7 @@ def _tune_figures(path: Path) -> dict[str, Any]:
     trials = [{"num_workers": t.get("num_workers"), "prefetch_factor": t.get("prefetch_factor"),
                "img_s": (t.get("measurement") or {}).get("samples_per_s")} for t in got["trials"]]
     return {"chosen": got["chosen"], "reason": got["reason"], "wall_s": got.get("wall_s"),
-            "stored_at": got["stored_at"], "trials": trials}
+            "stored_at": got["stored_at"], "trials": trials, "step_time": got.get("step_time")}
 
 
 def _print_table(title: str, s: Shape, by: dict[str, list[dict[str, Any]]], summary: dict[str, Any],
@@ -532,7 +532,8 @@ def _print_table(title: str, s: Shape, by: dict[str, list[dict[str, Any]]], summ
             print(f"    note: {note}")
     if tune is not None:
         c = tune["chosen"]
-        print(f"  fastfeed.tune (the loader alone, {tune['wall_s']:.0f} s): num_workers={c.get('num_workers')}, "
+        beside = (f"beside a {tune['step_time']:g} s stand-in step" if tune.get("step_time") else "the loader alone")
+        print(f"  fastfeed.tune ({beside}, {tune['wall_s']:.0f} s): num_workers={c.get('num_workers')}, "
               f"prefetch_factor={c.get('prefetch_factor')} at {fmt_rate(c['samples_per_s'])} img/s; {tune['reason']}")
         print("    its trials (workers:prefetch img/s): " + ", ".join(
             f"{t['num_workers']}:{t['prefetch_factor'] or '-'} {fmt_rate(t['img_s']) if t['img_s'] else '-'}"
