@@ -194,9 +194,19 @@ def fastfeed_loader(ds: str, args: argparse.Namespace) -> Any:
 
     sampler = DistributedAspectRatioSampler(ds, resolution=args.resolution, batch_size=args.batch_size,
                                             max_upscale=None, num_replicas=1, rank=0, seed=0)
-    kw: dict[str, Any] = {"decode": args.decode, "augment": False, "num_workers": args.workers}
+    kw: dict[str, Any] = {"decode": args.decode, "augment": False}
     if args.decode == "cpu":
-        kw["prefetch_factor"] = args.prefetch
+        kw.update(num_workers=args.workers, prefetch_factor=args.prefetch)
+    else:  # DALI's own threads, no DataLoader workers
+        import torch
+
+        from fastfeed.loading.dali.backend import DEFAULTS, default_num_threads
+
+        # the defaults spelled out: with "auto" knobs, loader(decode="dali") with an aspect sampler looks
+        # the tune record up with image_size (0, 0) and fails (2026-12-03); explicit knobs skip the lookup
+        knobs = {**DEFAULTS, "num_threads": default_num_threads()}
+        # without CUDA (a check of the code path): DALI on the CPU
+        kw["dali"] = fastfeed.Dali(**knobs, **({} if torch.cuda.is_available() else {"device_id": None}))
     return fastfeed.loader(ds, batch_sampler=sampler, **kw), sampler
 
 
@@ -227,8 +237,10 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
 
     load0 = os.getloadavg()[0]
     try:
-        m, cpu = measure_source(one_epoch, num_workers=args.workers, prefetch_factor=args.prefetch,
-                                steady_time=args.time, samples_of=_images)
+        dali = point["peer"] == "fastfeed" and args.decode == "dali"
+        m, cpu = measure_source(one_epoch, num_workers=0 if dali else args.workers,
+                                prefetch_factor=None if dali else args.prefetch, steady_time=args.time,
+                                samples_of=_images)
     finally:
         from benchmarks.lib.loaders import shutdown
 
@@ -246,8 +258,9 @@ def straggler_figures(ds: str, args: argparse.Namespace) -> dict[str, Any]:
     from fastfeed.sampling.aspect_report import aspect_balance_report
 
     sizes = np.asarray(fastfeed.DatasetIndex.load(ds).image_sizes, dtype=np.int64)
-    sets = {f"{sizes.shape[0]:,} photos": sizes,
-            f"{args.plan_images:,} (sizes repeated)": np.resize(sizes, (args.plan_images, 2))}
+    sets = {f"{sizes.shape[0]:,} photos": sizes}
+    if args.plan_images > sizes.shape[0]:
+        sets[f"{args.plan_images:,} (sizes repeated)"] = np.resize(sizes, (args.plan_images, 2))
     print(f"\n== aspect: pixel straggler ratio per step (the rank with the most pixels / the mean), resolution "
           f"{args.resolution}, batch {args.batch_size}; goal: fastfeed mean <= {STRAGGLER_GOAL}")
     print(f"{'images':<26}{'W':>4}  {'plan':<34}{'steps/rank':>12}{'mean':>8}{'p95':>8}{'max':>8}{'wait':>8}")
