@@ -63,10 +63,10 @@ from fastfeed.tuning.search import Trial, search
 
 __all__ = [
     "HEURISTIC_MAX_WORKERS",
+    "LOADER_OPTIONS",
     "TuneResult",
     "busy_step",
     "heuristic_workers",
-    "LOADER_OPTIONS",
     "lookup",
     "measure_loader",
     "measured_options",
