@@ -56,7 +56,9 @@ are unchanged. Labels come from every dataset's index or from none; a dataset wi
 images DALI decodes is a :class:`~fastfeed.errors.ConfigError` naming it. Not available:
 ``transform`` (a Python function per sample defeats GPU decoding; use ``decode="cpu"``
 for custom transforms, or post-process the CUDA batch) and ``image_size=None`` (DALI
-batches need one size).
+batches need one size), except with an aspect-ratio ``batch_sampler``
+(``DistributedAspectRatioSampler``), whose batches each take their bucket's size and the
+crops of ``decode="cpu"`` (:mod:`fastfeed.loading.dali.cover`).
 
 DALI knobs: ``num_threads`` (DALI's CPU threads), ``hw_decoder_load`` (share of JPEGs
 sent to the hardware decoder; the best value depends on image sizes and must be
@@ -251,7 +253,7 @@ def _resolve_knobs(index: DatasetIndex, o: LoaderOptions) -> tuple[dict[str, Any
     auto = [k for k, v in knobs.items() if v == "auto"]
     if not auto:
         return knobs, "explicit"
-    size = o.image_size or (0, 0)  # loader_options() requires one for decode="dali"
+    size = o.image_size or (0, 0)  # loader_options() requires one for decode="dali", or an aspect sampler's buckets
     rec = lookup(index, batch_size=o.batch_size, decode="dali", image_size=size)
     out = dict(knobs)
     for k in auto:
@@ -272,7 +274,7 @@ def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], use
     if _hinted or os.environ.get("LOCAL_RANK", "0") != "0":
         return
     _hinted = True
-    size = f" --image-size {image_size[0]}" if image_size[0] == image_size[1] else ""
+    size = f" --image-size {image_size[0]}" if image_size[0] == image_size[1] and image_size[0] else ""
     log.warning(
         "decode='dali': no tune result, using %s; the best hw_decoder_load depends on your images, "
         "measure it with `fastfeed tune %s --decode dali --batch-size %d%s`",
