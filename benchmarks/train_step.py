@@ -98,11 +98,12 @@ if __name__ == "__main__":  # run as a script: the repo's root on the path, for 
 
 from fastfeed.host import cpu_count  # noqa: E402
 
+from benchmarks.lib.converge import bad_start, print_converge  # noqa: E402
 from benchmarks.lib.data import BENCH_DATA, pack_defaults, photo_variants, sample_photos, warm  # noqa: E402
 from benchmarks.lib.imagestep import batches, epoch_passes, monitored_pass, plain_pass, stream_sync, trainer  # noqa: E402
 from benchmarks.lib.loaders import epochs, fastfeed_loader, shutdown  # noqa: E402
 from benchmarks.lib.measure import Stopwatch  # noqa: E402
-from benchmarks.lib.report import fmt_rate, log, write_json  # noqa: E402
+from benchmarks.lib.report import fmt_rate, log, pct, write_json  # noqa: E402
 from benchmarks.lib.suite import REPEAT, Axis, Benchmark, Context, Point  # noqa: E402
 
 MODELS = ("resnet18", "resnet50", "cnn")
@@ -342,29 +343,14 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- autotune's convergence
-def _bad_start(packed: Path, s: Shape, workers: int) -> Path:
-    """A folder holding a tune record of ``workers`` workers, prefetch factor 2, for this dataset and shape."""
-    from fastfeed.dist import local_world_size
-    from fastfeed.knobs.record import TuneKey, TuneRecord, save_record
-    from fastfeed.packed.index import DatasetIndex
-
-    index = DatasetIndex.load(packed)
-    store = WORK / f"autotune-start-{packed.name}-b{s.batch}-s{s.image}-w{workers}"
-    shutil.rmtree(store, ignore_errors=True)
-    store.mkdir(parents=True)
-    key = TuneKey.current(index.fingerprint, batch_size=s.batch, decode="cpu", image_size=s.image,
-                          local_world_size=local_world_size())
-    save_record(TuneRecord(key, workers, 2, details={"reason": "train_step's bad start for autotune"}),
-                str(packed), store_dir=store)
-    return store
-
-
 def _converge(point: Point, ctx: Context, s: Shape, cuda: bool) -> dict[str, Any]:
     """The default loader from a bad stored setting, autotune on: whole epochs, a row each."""
     import torch
 
     args = ctx.args
-    os.environ["FASTFEED_TUNE_DIR"] = str(_bad_start(ctx.data["packed"], s, args.autotune_start))
+    store = WORK / f"autotune-start-{ctx.data['packed'].name}-b{s.batch}-s{s.image}-w{args.autotune_start}"
+    os.environ["FASTFEED_TUNE_DIR"] = str(bad_start(ctx.data["packed"], store, batch=s.batch, image=s.image,
+                                                    workers=args.autotune_start))
     dl = fastfeed_loader(ctx.data["packed"], batch_size=s.batch, image_size=s.image)
     if dl.autotune is None or dl.workers_from != "tuned":
         raise SystemExit(f"train_step autotune: the loader did not start from the stored record "
@@ -388,43 +374,10 @@ def _converge(point: Point, ctx: Context, s: Shape, cuda: bool) -> dict[str, Any
             "loadavg_1m": os.getloadavg()[0], "device": torch.cuda.get_device_name() if cuda else "cpu"}
 
 
-def _goal_epoch(rows: list[dict[str, Any]], goal: float) -> int | None:
-    """The first epoch from which every epoch's data wait (after its first step) is at most ``goal``."""
-    for i in range(len(rows)):
-        if all((r["data_share_after_first"] or 0.0) <= goal for r in rows[i:]):
-            return rows[i]["epoch"]
-    return None
-
-
-def _print_converge(title: str, rows: list[tuple[Point, dict[str, Any]]]) -> list[dict[str, Any]]:
-    from fastfeed.loading.autotune import GOAL
-
-    out = []
-    for pt, r in rows:
-        print(f"\n== {title}: autotune convergence (round {pt['round']})")
-        print(f"  {r['what']}")
-        print(f"{'epoch':>6}{'steps':>7}{'img/s':>9}{'data wait':>11}{'after 1st':>11}{'1st wait s':>12}  setting "
-              "(workers x prefetch: at the 1st batch -> at the end)")
-        for e in r["epochs"]:
-            a, b = e["at_start"], e["at_end"]
-            print(f"{e['epoch']:>6}{e['steps']:>7}{fmt_rate(e['img_s']):>9}{_pct(e['data_share']):>11}"
-                  f"{_pct(e['data_share_after_first']):>11}{e['first_wait_s']:>12.2f}  "
-                  f"{a['num_workers']}x{a['prefetch_factor']} -> {b['num_workers']}x{b['prefetch_factor']}")
-        at = _goal_epoch(r["epochs"], GOAL)
-        print(f"  goal (at most {GOAL:.0%} waiting after each epoch's first step): "
-              + (f"met from epoch {at} on" if at is not None else "not met in these epochs"))
-        for c in r["changes"]:
-            print(f"    change: {c}")
-        if r.get("at_limit"):
-            print(f"    then: {r['at_limit']}")
-        out.append({"round": pt["round"], "goal_from_epoch": at, **r})
-    return out
-
-
 def progress(point: Point, row: dict[str, Any]) -> str:
     """One line per point, as soon as it is measured."""
     if point["feeder"] == AUTOTUNE:
-        return "; ".join(f"epoch {e['epoch']} data {_pct(e['data_share_after_first'])} at "
+        return "; ".join(f"epoch {e['epoch']} data {pct(e['data_share_after_first'])} at "
                          f"{e['at_end']['num_workers']}x{e['at_end']['prefetch_factor']}" for e in row["epochs"])
     p, m = row["plain"], row["monitor"]
     return (f"plain {fmt_rate(p['img_s'])} img/s, data {p['data_share']:.1%}; monitor {fmt_rate(m['img_s'])} img/s, "
@@ -441,8 +394,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 def report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> dict[str, Any]:
@@ -490,7 +441,7 @@ def _converge_report(rows: list[tuple[Point, dict[str, Any]]], ctx: Context) -> 
     title = (f"train_step {model}: batch {s.batch}, {s.image} px; {device}, {ctx.env.get('cores', cpu_count())} "
              f"cores; {s.images} images ({-(-s.images // s.batch)} steps an epoch)")
     return {"title": title, "env": ctx.env, "model": model, "batch": s.batch, "image_size": s.image,
-            "images": s.images, "device": device, "autotune": _print_converge(title, rows)}
+            "images": s.images, "device": device, "autotune": print_converge(title, rows)}
 
 
 def _tune_figures(path: Path) -> dict[str, Any]:
@@ -514,15 +465,15 @@ def _print_table(title: str, s: Shape, by: dict[str, list[dict[str, Any]]], summ
     for f, v in summary.items():
         r = v["vs_imagefolder"]
         ratio = "-" if r["plain"] is None else f"{r['plain']:.2f}x / {r['monitor']:.2f}x"
-        print(f"{f:<16}{fmt_rate(v['plain_img_s']):>12}{_pct(v['plain_data_share']):>11}"
-              f"{fmt_rate(v['monitor_img_s']):>15}{_pct(v['monitor_data_share']):>11}  "
+        print(f"{f:<16}{fmt_rate(v['plain_img_s']):>12}{pct(v['plain_data_share']):>11}"
+              f"{fmt_rate(v['monitor_img_s']):>15}{pct(v['monitor_data_share']):>11}  "
               f"{', '.join(v['verdicts']):<20}{ratio:>30}")
     for f, rs in by.items():
         r = rs[-1]
         p, m = r["plain"], r["monitor"]
         print(f"  {f}: {r['what']}" + (f" (below: its last of {len(rs)} rounds)" if len(rs) > 1 else ""))
         print(f"    plain: {p['epoch_starts']} epoch start(s) in its steps, data wait "
-              f"{_pct(p['data_share_within_epochs'])} without them; median step {p['step_ms_median']:.1f} ms, "
+              f"{pct(p['data_share_within_epochs'])} without them; median step {p['step_ms_median']:.1f} ms, "
               f"median wait {p['wait_ms_median']:.2f} ms; first batch after {r['first_batch_s']:.1f} s")
         shares = ", ".join(f"{k} {v:.1%}" for k, v in m["shares"].items())
         print(f"    monitor: {m['epoch_starts']} epoch start(s); {shares}; {m['title']}")

@@ -23,6 +23,8 @@ module                  what it holds
 :mod:`.imagestep`       the image-classification step of ``train_step`` (ResNets, a small
                         CNN) and its two timings: plain (a sync per step) and under
                         ``fastfeed.StepMonitor``
+:mod:`.converge`         ``train_step``'s autotune convergence run: its bad start (a stored
+                        tune record) and its table, a row per epoch
 :mod:`.suite`           :class:`~.suite.Benchmark`: a grid of settings and peers declared as
                         data, the function that runs one point, and the report
 ======================  ===================================================================

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from fastfeed.timing.measure import Measurement
 
-__all__ = ["Result", "environment", "fmt_rate", "log", "measured_line", "print_report", "ratio_line", "results_of",
+__all__ = ["Result", "environment", "fmt_rate", "log", "measured_line", "pct", "print_report", "ratio_line", "results_of",
            "write_json"]
 
 #: the modules whose versions :func:`environment` records (absent ones as None)
@@ -70,6 +70,11 @@ def fmt_rate(x: float) -> str:
 
 
 # ---------------------------------------------------------------------- ratios
+def pct(x: float | None) -> str:
+    """A share as a percentage with one decimal, "-" for None."""
+    return "-" if x is None else f"{x:.1%}"
+
+
 def ratio_line(values: Mapping[str, float], subject: str, goals: Mapping[str, float] | None = None) -> str:
     """``peer ratio [goal]`` for every peer of ``subject`` in ``values`` (subject / peer)."""
     mine = values.get(subject)
