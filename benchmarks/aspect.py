@@ -35,10 +35,13 @@ Run (bench venv: ``make bench-env``)::
     .venv-bench/bin/python benchmarks/aspect.py --quick
     .venv-bench/bin/python benchmarks/aspect.py --plan-only                 # part 2 only
 
-On the 16-core GPU machine (``source benchmarks/gpu_setup.sh``; ``.dali-bench`` in the carry)::
+On the 16-core GPU machine, after the DALI wheel parts (``benchmarks/gpu_setup.sh`` says how; the
+last call carries ``.devwhl/p06``, ``.whl`` and ``.dali-bench``; benchmarks/RESULTS.md has the whole
+command, with the two C extensions built)::
 
-    .venv-bench/bin/python benchmarks/aspect.py --images 4000 --repeat 3
-    .venv-bench/bin/python benchmarks/aspect.py --images 4000 --repeat 3 --decode dali
+    source benchmarks/gpu_setup.sh && export FASTFEED_BENCH_DATA=/tmp/bench-data
+    python3 benchmarks/run.py aspect --images 4000 --repeat 2 --time 10                 # CPU, 16 workers
+    python3 benchmarks/run.py aspect --images 4000 --repeat 2 --time 10 --decode dali   # DALI on the GPU
 """
 
 from __future__ import annotations
