@@ -486,7 +486,10 @@ class DatasetIndex:
         """True when ``root`` holds a complete dataset (its index exists)."""
         if is_url(root):
             return exists(join(str(root), INDEX_NAME), storage_options=storage_options)
-        return (Path(root) / INDEX_NAME).is_file()
+        try:
+            return (Path(root) / INDEX_NAME).is_file()
+        except OSError:  # a name too long, say: no dataset there (its opening says what is wrong)
+            return False
 
 
 def _plain(entry: Mapping[str, Any]) -> dict[str, Any]:

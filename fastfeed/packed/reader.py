@@ -85,6 +85,10 @@ def resolve_index(
     """
     if isinstance(path_or_url, DatasetIndex):
         return path_or_url
+    if path_or_url is None or isinstance(path_or_url, (bool, int, float, complex, Mapping)) or (
+            isinstance(path_or_url, (str, bytes)) and not path_or_url) or type(path_or_url).__module__ == "numpy":
+        raise ConfigError(f"{path_or_url!r}: give the folder or URL of a packed dataset (or a list of shards), "
+                          "e.g. 'train-ff'")
     return open_index(path_or_url, storage_options=storage_options, cache_dir=cache_dir,
                       cache_size=cache_size, on_error=on_error)
 

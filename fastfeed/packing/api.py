@@ -128,7 +128,12 @@ def pack(
     options: dict[str, Any] = {name: given[name] for name in OPTIONS}  # PackOptions' fields, by their names
     options["on_error"] = check_on_error(on_error)  # here, so that a FutureWarning points at the caller
     # engines and object-store destinations (issue: pack on Ray)
-    if engine not in ("local", "ray"):
+    if not isinstance(dst, (str, os.PathLike)) or not os.fspath(dst):
+        raise ConfigError(f"dst={dst!r}: give the folder (or object-store URL) to pack into, e.g. 'train-ff'")
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"progress={progress!r}: pass a function progress(files_done, files_total, bytes_done, "
+                          "bytes_total), or None")
+    if not isinstance(engine, str) or engine not in ("local", "ray"):
         raise ConfigError(f"engine={engine!r}: choose local (processes on this machine) or ray (a Ray cluster)")
     if engine == "ray":
         require_ray()  # before planning, which can take long on a large source

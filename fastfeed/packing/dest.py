@@ -70,7 +70,10 @@ log = logging.getLogger("fastfeed.pack")
 
 
 def check_not_inside(src: Path, dst: Path) -> None:
-    if src.is_file():
+    try:
+        if src.is_file():
+            return
+    except OSError:  # a name too long, say: opening the source says what is wrong with it
         return
     s, d = os.path.realpath(src), os.path.realpath(dst)
     if d == s or d.startswith(s.rstrip(os.sep) + os.sep):

@@ -43,6 +43,9 @@ __all__ = ["MAX_PIXELS", "MIN_SHARD_SIZE", "OPTIONS", "PackOptions", "RESTARTS_F
 
 log = logging.getLogger("fastfeed.pack")
 
+#: The largest ``seed`` (numpy's generators take any integer >= 0; this bounds a typo).
+MAX_SEED = (1 << 64) - 1
+
 #: Shard sizes below this are almost always a missing unit (``--shard-size 256``).
 MIN_SHARD_SIZE = 1_000_000
 
@@ -85,6 +88,8 @@ def _integer(low: int | None = None, high: int | None = None, *, none: bool = Fa
 def _shard_size(value: str | int, name: str) -> int:
     """``shard_size`` in bytes; a unit-less string below :data:`MIN_SHARD_SIZE` is refused
     (``256`` is 256 bytes: one sample per shard), an int below it is taken as bytes, logged."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and not -(2**62) < value < 2**62:
+        raise ConfigError(f"{name}={value!r}: must be a size such as 256MB or 1GiB (a number: bytes)")
     size = parse_size(value, name)
     if size >= MIN_SHARD_SIZE:
         return size
@@ -100,7 +105,7 @@ def _shard_size(value: str | int, name: str) -> int:
 
 
 def _format(value: Any, name: str) -> str:
-    if value not in FORMATS:
+    if not isinstance(value, str) or value not in FORMATS:
         raise ConfigError(f"{name}={value!r}: choose one of {', '.join(sorted(FORMATS))}")
     return str(value)
 
@@ -115,6 +120,9 @@ def _workers(value: Any, name: str) -> int:
 
 def _length(value: Any, name: str) -> str | None:
     if value is not None:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}={value!r}: name the field that holds each sample's length, e.g. txt or "
+                              "json:num_tokens")
         parse_length(value)
     return value
 
@@ -137,6 +145,9 @@ def _key(value: Any, name: str) -> str | None:
 
 
 def _tokenizer(value: str | os.PathLike[str] | None, name: str) -> str | None:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{name}={value!r}: give the path of a tokenizers JSON file, or of a folder holding "
+                          "tokenizer.json")
     return None if value is None else os.fspath(value)
 
 
@@ -147,7 +158,7 @@ def _tokenize(value: Any, name: str) -> str | None:
 
 
 def _restarts(value: Any, name: str) -> bool | None:
-    return None if value is None else bool(value)
+    return None if value is None else as_bool(value, name)
 
 
 def _store(value: Any, name: str) -> str:
@@ -206,7 +217,7 @@ class PackOptions:
     shuffle: bool = option(True, "store samples in a seeded random order, so every shard mixes classes (parquet: "
                            "whole row groups, not rows); off: in key order", check=as_bool, flag="--shuffle",
                            switch="negatable")
-    seed: int = option(0, "the shuffle seed", check=_integer(), flag="--seed", parse=parse_int)
+    seed: int = option(0, "the shuffle seed", check=_integer(0, MAX_SEED), flag="--seed", parse=parse_int)
     max_side: int | None = option(
         None, "resize images whose longer side is larger than this many pixels, re-encoding them (EXIF "
               "orientation applied; the source files are never touched); with store raw, the pixels stored, "

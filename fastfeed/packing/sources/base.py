@@ -299,9 +299,9 @@ def check_input(input: str | None) -> str | None:
         >>> check_input("auto"), check_input("jsonl")
         (None, 'jsonl')
     """
-    if input in ("auto", ""):
+    if isinstance(input, str) and input in ("auto", ""):
         return None
-    if input is not None and input not in INPUTS:
+    if input is not None and (not isinstance(input, str) or input not in INPUTS):
         raise ConfigError(f"input={input!r}: choose one of {', '.join(INPUTS)} (or leave it out to detect)")
     return input
 

@@ -150,10 +150,15 @@ def parse_columns(spec: str | dict[str, str] | None) -> dict[str, str] | None:
     """
     if spec is None:
         return None
+    if not isinstance(spec, (str, dict)):
+        raise ConfigError(f"columns={spec!r}: write the columns as image=jpg,caption=txt or as a dict of them")
     items = spec.items() if isinstance(spec, dict) else (
         (part.partition("=")[0], part.partition("=")[2]) for part in str(spec).split(","))
     out: dict[str, str] = {}
     for col, fld in items:
+        if not isinstance(col, str) or not isinstance(fld, str):
+            raise ConfigError(f"columns={spec!r}: map column names to field names, both strings, e.g. "
+                              "{'image': 'jpg', 'caption': 'txt'} or image=jpg,caption=txt")
         col, fld = col.strip(), fld.strip()
         if not col:
             raise ConfigError(f"columns={spec!r}: an empty column name; write e.g. image=jpg,caption=txt")

@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -83,6 +84,10 @@ def open_source(src: str | os.PathLike[str] | Any, *, input: str | None = None, 
     """
     input = check_input(input)
     on_error = check_on_error(on_error)
+    if not is_hf_object(src) and (not isinstance(src, (str, os.PathLike)) or not os.fspath(src)):
+        raise ConfigError(f"src={src!r}: give the folder, manifest or parquet file to pack (a path or URL), or a "
+                          "datasets.Dataset")
+    _check_name(src)
     if is_table(src, input):
         table_columns = dict(columns) if isinstance(columns, Mapping) else columns
         return scan_table(src, columns=table_columns, key=key, on_error=on_error, store=store)
@@ -90,6 +95,18 @@ def open_source(src: str | os.PathLike[str] | Any, *, input: str | None = None, 
         raise ConfigError(f"{show(os.fspath(src))}: columns/key (--columns, --key) are for parquet and HF "
                           "datasets input; this SRC is not one (leave them out, or pass --input parquet)")
     return _open_listed(src, input, on_error, length, allow_outside)
+
+
+def _check_name(src: Any) -> None:
+    """A local SRC whose name the OS refuses (too long) is a SourceError naming it, before any detection."""
+    if is_hf_object(src) or is_url(src):
+        return
+    try:
+        os.stat(src)
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            raise SourceError(f"{show(os.fspath(src))}: the name is too long for the file system "
+                              f"({len(os.fspath(src))} characters); check the path") from None
 
 
 def is_table(src: Any, input: str | None) -> bool:

@@ -45,7 +45,10 @@ def is_hf_object(src: Any) -> bool:
 def is_hf_folder(path: str | Path) -> bool:
     """True for a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
     p = Path(path)
-    return p.is_dir() and (all((p / m).is_file() for m in _MARKERS) or (p / "dataset_dict.json").is_file())
+    try:
+        return p.is_dir() and (all((p / m).is_file() for m in _MARKERS) or (p / "dataset_dict.json").is_file())
+    except OSError:  # a name too long, say: not one (opening the source says what is wrong)
+        return False
 
 
 def refuse_dataset_dict(path: Path) -> None:
