@@ -38,8 +38,8 @@ reallocated larger) carries the storage itself; the main process acknowledges ea
 mapping in ``acks``, and a worker sends the storage until it is acknowledged (a batch that
 was discarded, in a pass left early, carried it for nothing).
 
-**Pinned by registration** (``pin=True``, set by the loader where CUDA is available and
-``pin_memory`` is on): each mapped buffer is registered with CUDA once
+**Pinned by registration** (``pin=True``; the loader sets it where CUDA is available and
+``pin_memory`` is on only while :data:`REGISTER` is True, which it is not now: see there): each mapped buffer is registered with CUDA once
 (``cudaHostRegister``), so the views handed out are pinned memory as they are: no pinned
 copy per batch, and ``.to("cuda", non_blocking=True)`` is a real asynchronous DMA. A slot
 whose batch was dropped is then released only once a CUDA event recorded on the current
@@ -78,9 +78,13 @@ BUFFER_KEY = "__buffer__"  # batch key: the pool slots its tensors live in (popp
 #: Pools the loader makes send batches by reference (False: as storages, the way before; a
 #: benchmark's before/after switch, read when a pool is made).
 BY_REFERENCE = True
-#: Pinned pools register their buffers with CUDA (False: a pinned copy of each batch in the main
-#: thread; the same kind of switch).
-REGISTER = True
+#: Pinned pools register their buffers with CUDA (pinned views, no copy). Off: on one NVIDIA H200
+#: (CUDA 13, torch 2.11) ``cudaHostRegister`` refused every shared-memory batch buffer, and the
+#: refusal left its error for the next CUDA call (the first ``.to("cuda")`` failed with "invalid
+#: argument"). While it is off, a loader that pins (CUDA, ``pin_memory``) sends batches as storages,
+#: which DataLoader's pin-memory thread copies into pinned memory off the training thread, as before
+#: the by-reference pools; pools by reference serve loaders that do not pin.
+REGISTER = False
 #: Bytes after each pooled buffer's first use kept for the batch's small tensors.
 TAIL_BYTES = 64 << 10
 _ALIGN = 64
@@ -361,8 +365,11 @@ class BufferPool:
     def _register(self, storage: torch.UntypedStorage) -> bool:
         """``cudaHostRegister`` the buffer (once per mapping); False, logged once, when CUDA refuses."""
         try:
-            rc = torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)
+            cudart = torch.cuda.cudart()
+            rc = cudart.cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)
             ok = _code(rc) == 0
+            if not ok and hasattr(cudart, "cudaGetLastError"):
+                cudart.cudaGetLastError()  # a refusal stays CUDA's last error, which the next CUDA call would raise
         except (RuntimeError, AttributeError, TypeError) as e:
             ok, rc = False, e
         if not ok and not self._warned:

@@ -179,9 +179,12 @@ class Loader(FrameworkHooks, Resumable, DataLoader):
         if not self._reuse or num_workers <= 0:
             return
         pin = bool(self.pin_memory) and torch.cuda.is_available()
+        # a pinning loader sends by reference only when the pool registers its buffers with CUDA
+        # (bufpool.REGISTER); else as storages, which DataLoader's pin-memory thread copies off this thread
+        by_reference = bufpool.BY_REFERENCE and (bufpool.REGISTER or not pin)
         deepest = max(prefetch_factor or 2, self.autotune.limits.max_prefetch if self.autotune else 0)
         self._pool = self.dataset.pool = BufferPool(num_workers, deepest + 2 + pin,
-                                                    by_reference=bufpool.BY_REFERENCE, pin=pin)
+                                                    by_reference=by_reference, pin=pin and by_reference)
 
     def _set_workers(self, num_workers: int) -> None:
         """Replace the persistent workers by ``num_workers`` new ones, which the next pass starts (an epoch
