@@ -124,3 +124,13 @@ def test_other_os_errors_pass_unchanged(tmp_path: Path) -> None:
         with on_full_disk(tmp_path, needed=lambda: 10**9):
             raise OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "x"))
     assert e.value.errno == errno.EDQUOT and isinstance(e.value, FastfeedError)
+
+
+def test_the_error_crosses_from_a_writer_process() -> None:
+    """Pool writers send it to the pack process pickled: its attributes survive."""
+    import pickle
+
+    err = DiskFullError("/data/ff: no space left", path="/data/ff", free=10, needed=2000, errno=errno.EDQUOT)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), str(back), back.path, back.free, back.needed, back.errno) == (
+        DiskFullError, "/data/ff: no space left", "/data/ff", 10, 2000, errno.EDQUOT)
