@@ -253,7 +253,7 @@ def _resolve_knobs(index: DatasetIndex, o: LoaderOptions) -> tuple[dict[str, Any
     auto = [k for k, v in knobs.items() if v == "auto"]
     if not auto:
         return knobs, "explicit"
-    size = o.image_size or (0, 0)  # loader_options() requires one for decode="dali", or an aspect sampler's buckets
+    size = o.image_size  # None under an aspect-ratio sampler (its buckets set the sizes): the record's key says so
     rec = lookup(index, batch_size=o.batch_size, decode="dali", image_size=size)
     out = dict(knobs)
     for k in auto:
@@ -269,12 +269,12 @@ def _resolve_knobs(index: DatasetIndex, o: LoaderOptions) -> tuple[dict[str, Any
     return out, "tuned" if rec is not None else "default"
 
 
-def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int], used: dict[str, Any]) -> None:
+def _hint(index: DatasetIndex, batch_size: int, image_size: tuple[int, int] | None, used: dict[str, Any]) -> None:
     global _hinted
     if _hinted or os.environ.get("LOCAL_RANK", "0") != "0":
         return
     _hinted = True
-    size = f" --image-size {image_size[0]}" if image_size[0] == image_size[1] and image_size[0] else ""
+    size = f" --image-size {image_size[0]}" if image_size and image_size[0] == image_size[1] else ""
     log.warning(
         "decode='dali': no tune result, using %s; the best hw_decoder_load depends on your images, "
         "measure it with `fastfeed tune %s --decode dali --batch-size %d%s`",

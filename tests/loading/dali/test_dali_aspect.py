@@ -99,3 +99,14 @@ def test_dali_resume_mid_epoch(photos: Path) -> None:
     cpu = fastfeed.loader(photos, batch_sampler=sampler(photos), num_workers=0)  # the same state fits decode="cpu"
     cpu.load_state_dict(state)
     _assert_same(list(cpu), rest)
+
+
+def test_auto_knobs_under_an_aspect_sampler_look_the_record_up_without_an_image_size(
+        photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knobs left 'auto' (no tune result) take the defaults; the buckets set the sizes, so no
+    image size is in the record's key (it was (0, 0): 'image_size=(0, 0) must be positive')."""
+    monkeypatch.setenv("FASTFEED_TUNE_DIR", str(tmp_path / "no-records"))
+    dl = fastfeed.loader(photos, batch_sampler=sampler(photos), decode="dali", augment=False,
+                         dali=fastfeed.Dali(device_id=None))
+    batches = list(dl)
+    assert batches and all(b["image"].ndim == 4 for b in batches)
