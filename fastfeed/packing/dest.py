@@ -206,20 +206,27 @@ def hold_destination(dst: str | os.PathLike[str], *, command: str | None = None)
     try:
         yield
     finally:
-        # remove the file while holding the lock: whoever opened it meanwhile finds it gone and retries
-        (dst / LOCK_NAME).unlink(missing_ok=True)
-        os.close(fd)
+        if fd is not None:
+            # remove the file while holding the lock: whoever opened it meanwhile finds it gone and retries
+            (dst / LOCK_NAME).unlink(missing_ok=True)
+            os.close(fd)
         if created:
             _remove_empty(dst)  # a plan that failed before writing leaves no empty folder behind
 
 
-def _acquire(dst: Path, command: str) -> int:
-    """Lock ``DST/.fastfeed-pack.lock`` and record this process there; the fd holding it."""
+def _acquire(dst: Path, command: str) -> int | None:
+    """Lock ``DST/.fastfeed-pack.lock`` and record this process there; the fd holding it (None: DST is
+    read-only, so no pack can write there either)."""
     path = dst / LOCK_NAME
     deadline = time.monotonic() + _STALE_WAIT
     while True:
-        with on_full_disk(dst):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            with on_full_disk(dst):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except (PermissionError, OSError) as e:
+            if isinstance(e, DiskFullError) or e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            return None  # a read-only DST (a complete dataset shared read-only): nothing will write here
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

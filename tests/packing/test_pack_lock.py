@@ -7,6 +7,7 @@ lock, so the next pack takes it over and finishes byte-identically to a clean ru
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +116,20 @@ def test_a_failed_plan_leaves_no_folder_and_no_lock(src: Path, tmp_path: Path) -
                 pass
         assert (busy / LOCK_NAME).exists()
     assert not busy.exists()
+
+
+def test_a_complete_read_only_dst_is_still_reported_complete(src: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset shared read-only: no lock can be made there, and none is needed (nothing writes)."""
+    dst = tmp_path / "ds"
+    fastfeed.pack(src, dst, samples_per_shard=3, workers=1)
+    real_open = os.open
+
+    def read_only(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(LOCK_NAME):  # what the kernel answers in a folder mode 555 (root aside)
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert fastfeed.pack(src, dst, samples_per_shard=3, workers=1).num_samples > 0
+    assert not (dst / LOCK_NAME).exists()
