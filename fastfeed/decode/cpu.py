@@ -276,14 +276,7 @@ class CpuDecoder:
             has_label = has_label or lab is not None
             labs.append(-1 if lab is None else lab)
             others.append(fields)
-        batch: dict[str, Any] = {"image": nhwc_to_nchw(buf[: len(keys)]), "__key__": keys}
-        if has_label:
-            batch["label"] = torch.tensor(labs, dtype=torch.int64)
-        names: dict[str, None] = {}
-        for f in others:
-            names.update(dict.fromkeys(f))
-        for k in names:
-            batch[k] = [f.get(k) for f in others]
+        batch = _image_batch(buf, keys, labs if has_label else None, others)
         return batch
 
     def _batch_generic(self, samples: list[dict[str, Any]], ids: np.ndarray, epoch: int,
@@ -413,14 +406,22 @@ class CoverDecoder:
         if generic:
             return collate(outs, self.pad)
         rows = np.asarray(kept, dtype=np.int64)
-        batch: dict[str, Any] = {"image": nhwc_to_nchw(buf[: len(keys)]), "__key__": keys}
-        if has_label:
-            batch["label"] = torch.tensor(labs, dtype=torch.int64)
-        names: dict[str, None] = {}
-        for f in others:
-            names.update(dict.fromkeys(f))
-        for k in names:
-            batch[k] = [f.get(k) for f in others]
+        batch = _image_batch(buf, keys, labs if has_label else None, others)
         batch["original_size"] = torch.from_numpy(np.asarray(self.sizes[ids], dtype=np.int64)[rows].reshape(-1, 2))
         batch["crop_top_left"] = torch.from_numpy(np.ascontiguousarray(c.top_left[rows]).reshape(-1, 2))
         return batch
+
+
+def _image_batch(buf: np.ndarray, keys: list[str], labs: list[int] | None,
+                 others: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batch of decoded images ``buf[:len(keys)]`` (NCHW), their keys, labels (None: no sample had
+    one) and the other fields, each a list in the batch's order (None where a sample lacks it)."""
+    batch: dict[str, Any] = {"image": nhwc_to_nchw(buf[: len(keys)]), "__key__": keys}
+    if labs is not None:
+        batch["label"] = torch.tensor(labs, dtype=torch.int64)
+    names: dict[str, None] = {}
+    for f in others:
+        names.update(dict.fromkeys(f))
+    for k in names:
+        batch[k] = [f.get(k) for f in others]
+    return batch
