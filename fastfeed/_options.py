@@ -268,19 +268,32 @@ def number(low: float, high: float = math.inf, *, none: bool = False, above: boo
         >>> number(0, above=True, unit="seconds")(float("nan"), "step_time")
         Traceback (most recent call last):
         ...
-        fastfeed.errors.ConfigError: step_time=nan must be a number > 0 (seconds)
+        fastfeed.errors.ConfigError: step_time=nan must be a finite number > 0 (seconds)
+        >>> number(0)(10**400, "jitter")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: jitter=1000...000 must be a finite number >= 0
     """
     def check(value: Any, name: str) -> float | None:
         if none and value is None:
             return None
-        ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and \
-            (value > low if above else value >= low) and value <= high
-        if not ok:
+        real = isinstance(value, Real) and not isinstance(value, bool)
+        finite = real and _finite(value)
+        if not (finite and (value > low if above else value >= low) and value <= high):
             rule = f"> {low:g}" if above else f">= {low:g}"
             rule = rule if high == math.inf else f"{rule} and <= {high:g}"
-            raise ConfigError(f"{name}={value!r} must be a number {rule}{f' ({unit})' if unit else ''}")
+            what = "a finite number" if real and not finite else "a number"
+            raise ConfigError(f"{name}={value!r} must be {what} {rule}{f' ({unit})' if unit else ''}")
         return float(value)
     return check
+
+
+def _finite(value: Real) -> bool:
+    """True for a finite real number; False for nan, inf and an integer too large for a float (10**400)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def text_or_none(value: Any, name: str) -> str | None:

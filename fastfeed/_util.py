@@ -22,12 +22,17 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
     Example:
         >>> parse_size("256MB"), parse_size("1KiB"), parse_size(10)
         (256000000, 1024, 10)
+        >>> parse_size(10**400, "cache_size")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: cache_size=1000...000 is not a size; write a finite number of bytes, e.g. ...
     """
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
     if isinstance(value, numbers.Real):
-        if not math.isfinite(value):
-            raise ConfigError(f"{what}={value!r} is not a size; write e.g. 256MB, 1GiB or 1000000")
+        if not _finite(value):
+            raise ConfigError(f"{what}={value!r} is not a size; write a finite number of bytes, e.g. 256MB, 1GiB or "
+                              "1000000")
         n = int(value)
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
@@ -48,11 +53,15 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
     Example:
         >>> parse_duration("2m"), parse_duration("1.5s"), parse_duration(3)
         (120.0, 1.5, 3.0)
+        >>> parse_duration(10**400, "timeout")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: timeout=1000...000 is not a duration; write a finite number of seconds, ...
     """
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise ConfigError(f"{what}={value!r} is not a duration; write e.g. 60s, 2m or 30")
     if isinstance(value, numbers.Real):
-        if not math.isfinite(value):
+        if not _finite(value):
             raise ConfigError(f"{what}={value!r} is not a duration; write a finite number of seconds, e.g. 60s, "
                               "2m or 30")
         return float(value)
@@ -64,6 +73,14 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
     if not math.isfinite(seconds):
         raise ConfigError(f"{what}={value!r} is not a duration; write a finite number of seconds, e.g. 60s, 2m or 30")
     return seconds
+
+
+def _finite(value: numbers.Real) -> bool:
+    """True for a finite real number; False for nan, inf and an integer too large for a float (10**400)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def format_bytes(n: float) -> str:

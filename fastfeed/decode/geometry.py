@@ -62,6 +62,10 @@ def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, i
         Traceback (most recent call last):
         ...
         fastfeed.errors.ConfigError: image_size=100000: a side of at most 8192 pixels (one 100000 x 100000 RGB image is 30.0 GB, and a batch holds batch_size of them); pass the size the model takes (e.g. 224), or image_size=None for the images as stored
+        >>> normalize_image_size(10**400)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: image_size=1000...000: a side of at most 8192 pixels (one RGB image of that size is more than a million GB, ...
     """
     if image_size is None:
         return None
@@ -73,22 +77,24 @@ def normalize_image_size(image_size: int | Sequence[int] | None) -> tuple[int, i
             if isinstance(h, bool) or isinstance(w, bool) or int(h) != h or int(w) != w:
                 raise ValueError
             size = (int(h), int(w))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             raise ConfigError(f"image_size={image_size!r}: give an int or (height, width)") from None
     if min(size) < 1:
         raise ConfigError(f"image_size={image_size!r} must be positive")
     if max(size) > MAX_IMAGE_SIDE:
-        raise ConfigError(f"image_size={image_size!r}: a side of at most {MAX_IMAGE_SIDE} pixels (one {size[0]} x "
-                          f"{size[1]} RGB image is {3 * size[0] * size[1] / 1e9:.1f} GB, and a batch holds batch_size "
-                          "of them); pass the size the model takes (e.g. 224), or image_size=None for the images as "
-                          "stored")
+        # in integers first: the bytes of a side of 10**400 are too large for a float
+        one = (f"one {size[0]} x {size[1]} RGB image is {3 * size[0] * size[1] / 1e9:.1f} GB"
+               if 3 * size[0] * size[1] < 10**15 else "one RGB image of that size is more than a million GB")
+        raise ConfigError(f"image_size={image_size!r}: a side of at most {MAX_IMAGE_SIDE} pixels ({one}, and a batch "
+                          "holds batch_size of them); pass the size the model takes (e.g. 224), or image_size=None "
+                          "for the images as stored")
     return size
 
 
 def _pair(name: str, value: Sequence[float], hi: float) -> tuple[float, float]:
     try:
         lo_v, hi_v = (float(v) for v in value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name}={value!r}: give two numbers (low, high)") from None
     if not 0 < lo_v <= hi_v <= hi:
         raise ConfigError(f"{name}={value!r}: need 0 < low <= high <= {hi:g}")
@@ -112,7 +118,7 @@ def check_crop(scale: Sequence[float], ratio: Sequence[float], crop_fraction: fl
     """
     try:
         fraction = float(crop_fraction)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float (10**400)
         fraction = math.nan
     if not 0 < fraction <= 1:
         raise ConfigError(f"{names[2]}={crop_fraction!r} must be in (0, 1]")

@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from fastfeed._options import path_or_none
 from fastfeed.diagnosis.attribution import COLUMNS, StepTimes, attribute
 from fastfeed.diagnosis.clocks import CudaClock, HostClock, StepRecord, make_clock
 from fastfeed.diagnosis.exchange import Exchange, LocalExchange, pack, unpack
@@ -60,6 +61,9 @@ from fastfeed.timing.measure import count_samples
 __all__ = ["StepMonitor"]
 
 log = logging.getLogger("fastfeed.monitor")
+#: The longest ``timeout`` (seconds): a week. The exchange's process group takes it as a
+#: ``datetime.timedelta``, which has its own limit far beyond any wait worth waiting.
+MAX_TIMEOUT = 7 * 24 * 3600
 
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -100,12 +104,14 @@ class StepMonitor:
             up = -(-self.every // self.accumulation) * self.accumulation
             raise ConfigError(f"StepMonitor(every={every}, accumulation={accumulation}): a window must hold whole "
                               f"optimizer steps; use every={up}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"StepMonitor(timeout={timeout!r}): must be a number of seconds > 0")
+        # compared before float(): an int too large for a float (10**400) is refused, not an OverflowError
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+            raise ConfigError(f"StepMonitor(timeout={timeout!r}): must be a number of seconds > 0 and at most "
+                              f"{MAX_TIMEOUT} (a week)")
         if clock not in ("auto", "host", "cuda"):
             raise ConfigError(f"StepMonitor(clock={clock!r}): use 'auto', 'host' or 'cuda'")
         self.timeout = float(timeout)
-        self.jsonl = Path(jsonl) if jsonl is not None else None
+        self.jsonl = Path(jsonl) if path_or_none(jsonl, "StepMonitor.jsonl") is not None else None
         self.history = _int("history", history, self.every)
         self._clock_kind = clock
         self._clock: HostClock | CudaClock | None = None

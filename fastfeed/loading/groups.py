@@ -66,7 +66,7 @@ def _triple(name: str, value: Sequence[float] | None) -> tuple[float, float, flo
         return None
     try:
         vals = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float
         vals = ()
     if len(vals) != 3:
         raise ConfigError(f"{name}={value!r}: give one value per RGB channel, in the 0-1 scale")
@@ -81,10 +81,11 @@ def plain(value: Any) -> bool:
 def _load(value: Any, name: str) -> Any:
     if value is None or (isinstance(value, str) and value == "auto"):
         return "auto"
-    load = float(value) if plain(value) and not isinstance(value, str) else -1.0
+    # compared before float(): an int too large for a float (10**400) is out of range, not an OverflowError
+    load = value if plain(value) and not isinstance(value, str) else -1.0
     if not 0.0 <= load <= 1.0:
         raise ConfigError(f"{name}={value!r} must be in [0, 1] (or 'auto')")
-    return load
+    return float(load)
 
 
 def _knob(value: Any, name: str) -> Any:

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fastfeed.errors import IndexMismatchError, IndexVersionError
+from fastfeed.errors import ConfigError, IndexMismatchError, IndexVersionError
 from fastfeed.packed.layout import (
     CHECKSUMS_NAME,
     INDEX_NAME,
@@ -475,6 +475,10 @@ class DatasetIndex:
                 f"{path}: no index; the dataset is not packed or its packing did not finish. "
                 "Run (or re-run) `fastfeed pack SRC DST` to complete it"
             ) from None
+        except OSError as e:  # a local name too long, a folder refused: the path given is the one to fix
+            if is_url(root_s):
+                raise
+            raise ConfigError(f"{path}: cannot be read ({e.strerror or e}); check the path") from None
         try:
             d = json.loads(raw)
         except json.JSONDecodeError as e:

@@ -47,9 +47,10 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
+from fastfeed._options import MAX_COUNT
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
-from fastfeed.sampling.buckets import REASONS, Buckets, FitPolicy, as_buckets, assign, check_sizes, fit
+from fastfeed.sampling.buckets import REASONS, Buckets, FitPolicy, as_buckets, assign, check_side, check_sizes, fit
 from fastfeed.sampling.costmodel import CostModel
 from fastfeed.sampling.samplers import _LengthSampler, _parse_budget
 from fastfeed.sampling.splitting import CostFn, ranges
@@ -230,15 +231,17 @@ class DistributedAspectRatioSampler(_LengthSampler):
         path: a packed dataset (folder, URL or :class:`~fastfeed.packed.index.DatasetIndex`)
             whose index records image sizes (``fastfeed shapes DST`` adds them to an older
             one), a ``.npy`` of sizes, or an (N, 2) array of (height, width) per image.
-        resolution: the generated buckets hold about ``resolution ** 2`` pixels.
-        batch_size: images per batch (per rank), the same for every bucket; or
+        resolution: the generated buckets hold about ``resolution ** 2`` pixels (at most
+            8192, :data:`~fastfeed.sampling.buckets.MAX_SIDE`).
+        batch_size: images per batch (per rank), the same for every bucket (at most 2**40); or
         max_pixels: a pixel budget per batch: ``max_pixels // (H * W)`` images of a bucket
             ``H x W``, so every batch (and every rank's step) costs about the same; or
         max_cost: a budget in the unit of ``cost`` (seconds, or ``"120ms"``, for a fitted model).
         buckets: ``(height, width)`` shapes to use instead of the generated ones (SDXL's list,
             say): one per aspect ratio.
-        step: the generated buckets' sides are multiples of this.
-        max_ratio: the generated buckets go from ``1 : max_ratio`` to ``max_ratio : 1``.
+        step: the generated buckets' sides are multiples of this (at most 8192).
+        max_ratio: the generated buckets go from ``1 : max_ratio`` to ``max_ratio : 1`` (at
+            most 64, :data:`~fastfeed.sampling.buckets.MAX_RATIO`).
         cost: what a batch costs: ``"pixels"`` (``n * H * W``, the default), a
             :class:`~fastfeed.sampling.costmodel.CostModel` over pixel counts (a fitted one in
             seconds: ``fastfeed.calibrate`` with lengths being ``H * W``), or a callable
@@ -287,8 +290,8 @@ class DistributedAspectRatioSampler(_LengthSampler):
             raise ConfigError("DistributedAspectRatioSampler needs exactly one of batch_size= (images per batch), "
                               "max_pixels= (a pixel budget per batch) or max_cost= (a cost model's budget)"
                               + (f"; got {' and '.join(given)}" if given else ""))
+        self.resolution = check_side("resolution", resolution)
         self.sizes, self.index, self.where = resolve_sizes(path)
-        self.resolution = int(resolution)
         self.buckets: Buckets = as_buckets(buckets, resolution=resolution, step=step, max_ratio=max_ratio)
         self.policy = FitPolicy(max_upscale=max_upscale, max_crop=max_crop, misfit=misfit)
         model = PIXELS if cost == "pixels" else cost
@@ -312,8 +315,8 @@ class DistributedAspectRatioSampler(_LengthSampler):
     # -- setup
     @staticmethod
     def _positive(v: Any, name: str = "batch_size") -> int:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ConfigError(f"{name}={v!r} must be a positive integer")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_COUNT:
+            raise ConfigError(f"{name}={v!r} must be a positive integer up to {MAX_COUNT} (2**40)")
         return int(v)
 
     def _subset(self, subset: Any, n: int) -> np.ndarray | None:

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -36,8 +37,15 @@ import numpy as np
 
 from fastfeed.errors import ConfigError
 
-__all__ = ["Buckets", "Fit", "FitPolicy", "as_buckets", "assign", "fit", "make_buckets"]
+__all__ = ["Buckets", "Fit", "FitPolicy", "MAX_RATIO", "MAX_SIDE", "as_buckets", "assign", "check_ratio", "check_side",
+           "fit", "make_buckets"]
 
+#: The largest ``resolution`` and ``step`` (pixels): the decoder's largest output side,
+#: :data:`fastfeed.decode.geometry.MAX_IMAGE_SIDE` (equal by a test: sampling does not import decode).
+MAX_SIDE = 8192
+#: The largest ``max_ratio``: 64:1 is already a 8192 x 128 strip; without a bound, 2**63 makes buckets
+#: until memory runs out.
+MAX_RATIO = 64.0
 #: Misfit reasons, in the order reports list them.
 REASONS = ("no size", "upscale", "crop")
 
@@ -100,17 +108,15 @@ def make_buckets(resolution: int, *, step: int = 64, max_ratio: float = 4.0) -> 
     ``max_ratio`` times the shorter are left out.
 
     Raises:
-        ConfigError: a resolution, step or ratio that makes no bucket (or is not a number).
+        ConfigError: a resolution, step or ratio that makes no bucket, is not a number, or is
+            past its bound (:data:`MAX_SIDE`, :data:`MAX_RATIO`).
 
     Example:
         >>> make_buckets(256, max_ratio=2).shapes()
         [(384, 192), (320, 192), (256, 256), (192, 320), (192, 384)]
     """
-    for name, v, least in (("resolution", resolution, 1), ("step", step, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
-            raise ConfigError(f"{name}={v!r} must be a positive integer (pixels)")
-    if isinstance(max_ratio, bool) or not isinstance(max_ratio, (int, float)) or not max_ratio >= 1:
-        raise ConfigError(f"max_ratio={max_ratio!r} must be a number >= 1 (the longer side over the shorter)")
+    resolution, step = check_side("resolution", resolution), check_side("step", step)
+    max_ratio = check_ratio(max_ratio)
     area = float(resolution) ** 2
     sides = np.arange(step, int(math.ceil(math.sqrt(area * max_ratio) / step)) * step + step, step, dtype=np.int64)
     other = np.maximum(step, np.round(area / sides / step).astype(np.int64) * step)
@@ -125,6 +131,37 @@ def make_buckets(resolution: int, *, step: int = 64, max_ratio: float = 4.0) -> 
     _, first = np.unique(ratio[order], return_index=True)
     hw = hw[order[first]]
     return _sorted(hw, f"make_buckets({resolution})")
+
+
+def check_side(name: str, value: Any) -> int:
+    """``resolution`` or ``step``: an integer from 1 to :data:`MAX_SIDE` pixels.
+
+    Example:
+        >>> check_side("resolution", 10**30)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: resolution=1000000000000000000000000000000 must be a positive integer (pixels) up to 8192, the largest side the decoder makes
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_SIDE:
+        raise ConfigError(f"{name}={value!r} must be a positive integer (pixels) up to {MAX_SIDE}, the largest side "
+                          "the decoder makes")
+    return int(value)
+
+
+def check_ratio(value: Any) -> float:
+    """``max_ratio``: a number from 1 to :data:`MAX_RATIO` (the longer side over the shorter).
+
+    Example:
+        >>> check_ratio(2**63)
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: max_ratio=9223372036854775808 must be a number from 1 to 64 (the longer side over the shorter; 64 is a 8192 x 128 strip)
+    """
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not real or not 1 <= value <= MAX_RATIO:  # nan fails the comparison too
+        raise ConfigError(f"max_ratio={value!r} must be a number from 1 to {MAX_RATIO:g} (the longer side over the "
+                          f"shorter; {MAX_RATIO:g} is a {MAX_SIDE} x {MAX_SIDE // int(MAX_RATIO)} strip)")
+    return float(value)
 
 
 def as_buckets(buckets: Any, *, resolution: int = 1024, step: int = 64, max_ratio: float = 4.0) -> Buckets:
@@ -144,7 +181,7 @@ def as_buckets(buckets: Any, *, resolution: int = 1024, step: int = 64, max_rati
     try:
         hw = np.array([[int(h), int(w)] for h, w in buckets], dtype=np.int64).reshape(-1, 2)
         exact = all(int(h) == h and int(w) == w for h, w in buckets)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a side too large for int64
         hw, exact = np.zeros((0, 2), np.int64), False
     if not len(hw) or not exact or (hw < 1).any():
         raise ConfigError(f"buckets={buckets!r}: give a list of (height, width) pairs of positive integers, e.g. "
@@ -227,8 +264,11 @@ class FitPolicy:
 
     def __post_init__(self) -> None:
         up, crop = self.max_upscale, self.max_crop
-        if up is not None and (isinstance(up, bool) or not isinstance(up, (int, float)) or not up >= 1):
-            raise ConfigError(f"max_upscale={up!r} must be a number >= 1 (1: never enlarge an image) or None")
+        # compared, not float()-ed: an int too large for a float (10**400) is refused, not an OverflowError
+        if up is not None and (isinstance(up, bool) or not isinstance(up, (int, float))
+                               or not 1 <= up <= sys.float_info.max):
+            raise ConfigError(f"max_upscale={up!r} must be a number >= 1 and finite (1: never enlarge an image), or "
+                              "None for no limit")
         if crop is not None and (isinstance(crop, bool) or not isinstance(crop, (int, float)) or not 0 <= crop < 1):
             raise ConfigError(f"max_crop={crop!r} must be a share in [0, 1) of the resized image, or None")
         if self.misfit not in ("error", "skip"):

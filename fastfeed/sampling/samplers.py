@@ -589,7 +589,10 @@ def _parse_budget(max_cost: float | str, cost: Any) -> float:
         raise ConfigError(f"max_cost={max_cost!r} must be a positive number (the budget of one batch, in the "
                           "cost's unit)")
     else:
-        value = float(max_cost)
+        try:
+            value = float(max_cost)
+        except OverflowError:  # an int too large for a float (10**400)
+            value = math.inf
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"max_cost={max_cost!r} must be a positive number")
     return value
