@@ -11,6 +11,7 @@ happens before it, at the boundary.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import re
@@ -140,68 +141,15 @@ LENGTHS = np.arange(1, 65)
 SIZES = np.stack([np.full(64, 96), np.arange(32, 96)], 1)
 
 
-#: What the sweep found outside the files of this change (their owners fix them; a fix turns XFAIL to XPASS).
-KNOWN = {
-    ("tune", "image_size"): "tuning: image_size=10**400 -> OverflowError (float(image_size))",
-    ("tune", "max_workers"): "tuning: max_workers=[] -> TypeError (compared with an int, unchecked)",
-    ("tune", "step_time"): "tuning: step_time='x' -> TypeError (compared with an int, unchecked)",
-    ("tune", "trial_time"): "tuning: trial_time=[] -> TypeError (compared with an int, unchecked)",
-    ("tune", "plot"): "tuning: plot=0 -> TypeError (os.fspath, unchecked)",
-    ("tune", "loader_kwargs"): "tuning: loader_kwargs=1.5 -> TypeError (not a mapping, unchecked)",
-    ("doctor", "source"): "diagnosis: source=2**64 -> OverflowError (an int taken as a file descriptor)",
-    ("doctor", "target_rate"): "diagnosis: target_rate=[] -> TypeError (unchecked)",
-    ("doctor", "step_time"): "diagnosis: step_time=[...] -> TypeError (unchecked)",
-    ("doctor", "world_size"): "diagnosis: world_size='nan' -> TypeError (unchecked)",
-    ("doctor", "loader_kwargs"): "diagnosis: loader_kwargs='x' -> AttributeError (not a mapping, unchecked)",
-    ("DistributedTokenBudgetSampler", "max_cost"): "sampling: max_cost=10**400 -> OverflowError (_parse_budget's "
-                                                   "float(), before its isfinite check)",
-    ("DistributedAspectRatioSampler", "resolution"): "sampling: resolution=None -> TypeError (int(resolution))",
-    ("DistributedAspectRatioSampler", "batch_size"): "sampling: batch_size=10**30 -> OverflowError (np.full in "
-                                                     "_capacities; unbounded)",
-    ("DistributedAspectRatioSampler", "step"): "sampling: step=10**30 -> OverflowError (unbounded)",
-    ("Workers", "stall_timeout"): "loading/_options: stall_timeout=10**400 -> OverflowError (float())",
-    ("Storage", "cache_size"): "loading/_util: cache_size=10**400 -> OverflowError (parse_size's float())",
-    ("StepMonitor", "jsonl"): "diagnosis: jsonl=0.0 -> TypeError (os.fspath, unchecked)",
-    ("StepMonitor", "timeout"): "diagnosis: timeout=10**400 -> OverflowError (float(), monitor.py)",
-    # 10**400 is an OverflowError in the shared helpers: fastfeed/_options.py number() (check),
-    # fastfeed/_util.py parse_size() and parse_duration(), fastfeed/decode/geometry.py normalize_image_size()
-    ("loader", "image_size"): "decode/geometry.py: image_size=10**400 -> OverflowError (normalize_image_size)",
-    ("tune", "time_budget"): "_util.py: time_budget=10**400 -> OverflowError (parse_duration)",
-    ("tune", "memory_budget"): "_util.py: memory_budget=10**400 -> OverflowError (parse_size)",
-    ("doctor", "image_size"): "decode/geometry.py: image_size=10**400 -> OverflowError (normalize_image_size)",
-    ("doctor", "time_budget"): "_util.py: time_budget=10**400 -> OverflowError (parse_duration)",
-    ("DistributedLengthBucketSampler", "jitter"): "_options.py: jitter=10**400 -> OverflowError (number())",
-    ("DistributedTokenBudgetSampler", "jitter"): "_options.py: jitter=10**400 -> OverflowError (number())",
-    ("DistributedAspectRatioSampler", "max_upscale"): "sampling/buckets.py: max_upscale=10**400 -> OverflowError",
-    ("Workers", "timeout"): "_options.py: timeout=10**400 -> OverflowError (number())",
-    ("Crop", "fraction"): "decode/geometry.py: fraction=10**400 -> OverflowError (check_crop)",
-    ("Storage", "timeout"): "_util.py: timeout=10**400 -> OverflowError (parse_duration)",
-    ("Dali", "hw_decoder_load"): "loading/groups.py: hw_decoder_load=10**400 -> OverflowError (_load)",
-    ("DistributedAspectRatioSampler", "max_ratio"): "not run: sampling/buckets.py make_buckets: max_ratio=2**63 "
-                                                    "makes buckets until memory runs out (20+ GB, then the OOM "
-                                                    "killer); max_ratio=inf -> OverflowError",
-}
+def _params(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """``fn``'s argument names (those a caller can pass by keyword), less ``skip``."""
+    return [n for n, p in inspect.signature(fn).parameters.items()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip]
 
 
-def _params(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> list[Any]:
-    """``fn``'s argument names (as pytest params, the known failures marked xfail)."""
-    import inspect
-
-    owner = getattr(fn, "__name__", "")
-    names = [n for n, p in inspect.signature(fn).parameters.items()
-             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip]
-    return [_param(owner, n) for n in names]
-
-
-def _names(fn: Callable[..., Any]) -> list[str]:
-    return [p.values[0] for p in _params(fn)]
-
-
-def _param(owner: str, name: str, *values: Any) -> Any:
-    why = KNOWN.get((owner, name))
-    mark = pytest.mark.skip if why and why.startswith("not run:") else pytest.mark.xfail
-    marks = [mark(reason=why, strict=False) if mark is pytest.mark.xfail else mark(reason=why)] if why else []
-    return pytest.param(*(values or (name,)), marks=marks, id="-".join(map(str, values)) if values else name)
+def _param(*values: Any) -> Any:
+    """One case of a sweep, its id the values joined (a function by its name)."""
+    return pytest.param(*values, id="-".join(getattr(v, "__name__", str(v)) for v in values))
 
 
 # ---------------------------------------------------------------- the front doors
@@ -236,7 +184,7 @@ def test_verify(ds: Path, name: str, value: Any) -> None:
     _call(fastfeed.verify, str(ds), **{name: value})
 
 
-@pytest.mark.parametrize("fn", [_param(f.__name__, "path", f) for f in (fastfeed.info, fastfeed.verify,
+@pytest.mark.parametrize("fn", [pytest.param(f, id=f.__name__) for f in (fastfeed.info, fastfeed.verify,
                                                                        fastfeed.loader, fastfeed.tune,
                                                                        fastfeed.doctor)])
 @sweep
@@ -262,15 +210,15 @@ SAMPLERS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] 
     "aspect_ratio": (DistributedAspectRatioSampler, (SIZES,),
                      {"resolution": 64, "batch_size": 4, "num_replicas": 2, "rank": 0}),
 }
-SAMPLER_ARGS = [_param(cls.__name__, name, kind, name) for kind, (cls, _, _) in SAMPLERS.items()
-                for name in _names(cls)]
+SAMPLER_ARGS = [_param(kind, name) for kind, (cls, _, _) in SAMPLERS.items()
+                for name in _params(cls)]
 
 
 @pytest.mark.parametrize(("kind", "name"), SAMPLER_ARGS)
 @sweep
 def test_sampler_constructors(kind: str, name: str, value: Any) -> None:
     cls, args, kwargs = SAMPLERS[kind]
-    first = _names(cls)[0]
+    first = _params(cls)[0]
     if name == first:
         _call(cls, value, **kwargs)
     else:
@@ -315,7 +263,7 @@ def test_loader_set_epoch_of_a_huge_epoch(ds: Path) -> None:
 # ---------------------------------------------------------------- option groups and the step monitor
 GROUPS = [fastfeed.Workers, fastfeed.Crop, fastfeed.Storage, fastfeed.Dali, fastfeed.Tokens, fastfeed.Order,
           fastfeed.StepMonitor]
-GROUP_ARGS = [_param(g.__name__, n, g, n) for g in GROUPS for n in _names(g)]
+GROUP_ARGS = [_param(g, n) for g in GROUPS for n in _params(g)]
 
 
 @pytest.mark.parametrize(("group", "name"), GROUP_ARGS)
@@ -338,3 +286,57 @@ def test_the_sweep_sees_bad_values() -> None:
 def test_the_issues_cases_at_the_loader(ds: Path, kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(words)):
         fastfeed.loader(str(ds), batch_size=2, num_workers=0, **kwargs)
+
+
+@pytest.mark.parametrize(("fn", "kwargs", "words"), [
+    ("tune", {"step_time": "x"}, "step_time='x' must be a number > 0 (seconds per batch)"),
+    ("tune", {"max_workers": []}, "max_workers=[] must be an integer >= 0"),
+    ("tune", {"trial_time": 10**400}, "trial_time=1000"),
+    ("tune", {"plot": 0}, "plot=0 must be a path"),
+    ("tune", {"loader_kwargs": 1.5}, "loader_kwargs=1.5 must be a dict of options"),
+    ("tune", {"time_budget": 10**400}, "write a finite number of seconds"),
+    ("doctor", {"source": 2**64}, f"source={2**64} must be a path"),
+    ("doctor", {"target_rate": []}, "target_rate=[] must be a number > 0 (samples/s per rank)"),
+    ("doctor", {"world_size": "nan"}, "world_size='nan' must be an integer >= 1"),
+    ("doctor", {"loader_kwargs": "x"}, "loader_kwargs='x' must be a dict of options"),
+    ("doctor", {"image_size": 10**400}, "more than a million GB"),
+])
+def test_tune_and_doctor_name_the_argument(ds: Path, tmp_path: Path, no_heavy_work: None, fn: str,
+                                           kwargs: dict[str, Any], words: str) -> None:
+    more = {"store_dir": str(tmp_path)} if fn == "tune" else {}
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        getattr(fastfeed, fn)(str(ds), batch_size=2, **more, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"max_ratio": 2**63}, f"max_ratio={2**63} must be a number from 1 to 64"),  # once: buckets until out of memory
+    ({"max_ratio": math.inf}, "max_ratio=inf must be a number from 1 to 64"),
+    ({"resolution": None}, "resolution=None must be a positive integer (pixels) up to 8192"),
+    ({"step": 10**30}, f"step={10**30} must be a positive integer (pixels) up to 8192"),
+    ({"batch_size": 10**30}, f"batch_size={10**30} must be a positive integer up to {2**40}"),
+    ({"max_upscale": 10**400}, "must be a number >= 1 and finite"),
+])
+def test_the_aspect_sampler_bounds(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        DistributedAspectRatioSampler(SIZES, **{"resolution": 64, "batch_size": 4, "num_replicas": 1, "rank": 0,
+                                                **kwargs})
+
+
+def test_the_bucket_side_bound_is_the_decoders() -> None:
+    from fastfeed.decode.geometry import MAX_IMAGE_SIDE
+    from fastfeed.sampling.buckets import MAX_SIDE
+
+    assert MAX_SIDE == MAX_IMAGE_SIDE
+
+
+@pytest.mark.parametrize(("group", "kwargs", "words"), [
+    (fastfeed.Workers, {"timeout": 10**400}, "Workers.timeout=1000"),
+    (fastfeed.Storage, {"cache_size": 10**400}, "write a finite number of bytes"),
+    (fastfeed.Dali, {"hw_decoder_load": 10**400}, "must be in [0, 1]"),
+    (fastfeed.Crop, {"fraction": 10**400}, "must be in (0, 1]"),
+    (fastfeed.StepMonitor, {"timeout": 10**400}, "at most 604800 (a week)"),
+    (fastfeed.StepMonitor, {"jsonl": 0.0}, "StepMonitor.jsonl=0.0 must be a path"),
+])
+def test_huge_numbers_in_groups_are_config_errors(group: type, kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        group(**kwargs)

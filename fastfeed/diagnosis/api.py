@@ -46,7 +46,7 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
-from fastfeed._options import fill_doc
+from fastfeed._options import check_int, fill_doc, mapping_or_none, path_or_none
 from fastfeed._util import parse_duration
 from fastfeed.decode.cpu import normalize_image_size
 from fastfeed.formats.naming import holds_pixels
@@ -68,7 +68,7 @@ from fastfeed.diagnosis.stages import (
     step_stage,
 )
 from fastfeed.diagnosis.verdict import Facts, conclude
-from fastfeed.dist import local_world_size, resolve_world
+from fastfeed.dist import MAX_WORLD_SIZE, local_world_size, resolve_world
 from fastfeed.errors import ConfigError, FastfeedError
 from fastfeed.host import cpu_count, memory_total
 from fastfeed.loading.auto import resolve_auto
@@ -81,6 +81,7 @@ from fastfeed.storage.remote import is_url
 from fastfeed.tuning.api import LOADER_OPTIONS, measured_options
 from fastfeed.tuning.defaults import (
     DEFAULT_BATCH_SIZE,
+    check_demand,
     resolve_defaults,
     small_dataset_note,
 )
@@ -95,24 +96,16 @@ def _check(batch_size: int, target_rate: float | None, step_time: float | None, 
     """Validate the arguments; returns (demand in samples/s or None, budget seconds, world size)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
-    if target_rate is not None and step_time is not None:
-        raise ConfigError("give target_rate (samples/s per rank) or step_time (seconds per batch), not both")
-    demand = target_rate
-    if step_time is not None:
-        if not step_time > 0:
-            raise ConfigError(f"step_time={step_time} must be > 0 seconds")
-        demand = batch_size / step_time
-    if target_rate is not None and not target_rate > 0:
-        raise ConfigError(f"target_rate={target_rate} must be > 0 samples/s")
+    target_rate, step_time = check_demand(target_rate, step_time)
+    demand = target_rate if step_time is None else batch_size / step_time
     budget = parse_duration(time_budget, "time_budget")
     if budget <= 0:
         raise ConfigError(f"time_budget={time_budget!r} must be positive")
     if decode not in ("cpu", "dali", None):
         raise ConfigError(f"decode={decode!r}; use 'cpu', 'dali' or None")
-    world = world_size if world_size is not None else resolve_world()[1]
-    if world < 1:
-        raise ConfigError(f"world_size={world} must be >= 1")
-    if source is not None and (is_url(str(source)) or not os.path.isdir(source)):
+    world = check_int("world_size", world_size, 1, most=MAX_WORLD_SIZE) if world_size is not None else \
+        resolve_world()[1]
+    if path_or_none(source, "source") is not None and (is_url(str(source)) or not os.path.isdir(source)):
         raise ConfigError(f"--source {source}: not a local folder; give the folder the dataset was packed from")
     return demand, budget, world
 
@@ -230,6 +223,7 @@ def doctor(
     start = time.monotonic()
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before we add our own
     given_batch, batch_size = batch_size, DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    loader_kwargs = mapping_or_none(loader_kwargs, "loader_kwargs")
     demand, budget, world = _check(batch_size, target_rate, step_time, time_budget, decode, world_size, source)
     path_s = str(path)
     former = {k: v for k, v in (("prefetch_factor", prefetch_factor), ("storage_options", storage_options))

@@ -30,7 +30,7 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from fastfeed._options import fill_doc
+from fastfeed._options import check_int, fill_doc, mapping_or_none, number, path_or_none
 from fastfeed._util import format_bytes, parse_duration, parse_size
 from fastfeed.formats.naming import holds_pixels
 from fastfeed.dist import local_world_size, resolve_world
@@ -53,11 +53,11 @@ from fastfeed.knobs.record import (
     stored_record,
 )
 from fastfeed.loading.groups import Crop, Dali, Order, Storage, Tokens, Workers
-from fastfeed.loading.options import LoaderOptions, loader_options, with_values
+from fastfeed.loading.options import MAX_WORKERS, LoaderOptions, loader_options, with_values
 from fastfeed.loading.sources import as_sources
 from fastfeed.packed.reader import resolve_index
 from fastfeed.timing.measure import Measurement, measure
-from fastfeed.tuning.defaults import resolve_defaults, small_dataset_note
+from fastfeed.tuning.defaults import check_demand, resolve_defaults, small_dataset_note
 from fastfeed.tuning.report import TuneResult, plot_result, require_plot
 from fastfeed.tuning.search import Trial, search
 
@@ -392,7 +392,12 @@ def tune(
         >>> r.num_workers, r.prefetch_factor, r.reason                                     # doctest: +SKIP
     """
 
-    if plot is not None:
+    target_rate, step_time = check_demand(target_rate, step_time)
+    if max_workers is not None:
+        max_workers = check_int("max_workers", max_workers, 0, most=MAX_WORKERS)
+    trial_time = number(0, above=True, none=True, unit="seconds per setting")(trial_time, "trial_time")
+    loader_kwargs = mapping_or_none(loader_kwargs, "loader_kwargs")
+    if path_or_none(plot, "plot") is not None:
         require_plot(plot)  # before measuring for the whole budget
     index = resolve_index(path, cache_dir=cache_dir)  # what the loader accepts: a packed dataset, or WebDataset tars
     chosen = resolve_defaults(has_images=any(holds_pixels(f) for f in index.fields), batch_size=batch_size,
@@ -404,12 +409,8 @@ def tune(
                                loader_kwargs=loader_kwargs, augment=augment, transform=transform, seq_len=seq_len,
                                cache_dir=cache_dir, crop=crop, workers=workers, dali=dali, storage=storage,
                                tokens=tokens, order=order)
-    if target_rate is not None and step_time is not None:
-        raise ConfigError("give target_rate (samples/s) or step_time (seconds per batch), not both")
     consume = None
     if step_time is not None:
-        if step_time <= 0:
-            raise ConfigError(f"step_time={step_time} must be > 0 seconds")
         # measured beside a stand-in for the step, a setting delivers at most the step's rate
         target_rate, headroom, consume = batch_size / step_time * (1 - WAIT_GOAL), 0.0, busy_step(step_time)
     budget = parse_duration(time_budget, "time_budget")
@@ -424,8 +425,6 @@ def tune(
     cores_per_rank = max(1, cores // ranks)
     cap = 2 * cores_per_rank if max_workers is None else max_workers
     per_trial = trial_time if trial_time is not None else _per_trial_time(budget, space, cap, cores_per_rank)
-    if per_trial <= 0:
-        raise ConfigError(f"trial_time={trial_time} must be > 0 seconds")
     world = resolve_world()[1]
     note = small_dataset_note(index.num_samples, batch_size, world)
     confirm_top = CONFIRM_TOP

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastfeed._options import number
 from fastfeed.errors import ConfigError
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_IMAGE_SIZE", "Defaults", "resolve_defaults", "small_dataset_note"]
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_IMAGE_SIZE", "Defaults", "check_demand", "resolve_defaults",
+           "small_dataset_note"]
 
 #: Per-rank batch size ``tune`` and ``doctor`` measure when none is given.
 DEFAULT_BATCH_SIZE = 64
@@ -87,6 +89,25 @@ def resolve_defaults(*, has_images: bool, batch_size: int | None, image_size: Im
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be a positive integer")
     return Defaults(batch_size, image_size, tuple(assumed), has_images)
+
+
+def check_demand(target_rate: object, step_time: object) -> tuple[float | None, float | None]:
+    """What the training step consumes: ``target_rate`` (samples/s per rank) or ``step_time``
+    (seconds per batch), at most one of them; returns both as floats (None: not given).
+
+    Example:
+        >>> check_demand(None, 0.25)
+        (None, 0.25)
+        >>> check_demand(None, "x")
+        Traceback (most recent call last):
+        ...
+        fastfeed.errors.ConfigError: step_time='x' must be a number > 0 (seconds per batch)
+    """
+    if target_rate is not None and step_time is not None:
+        raise ConfigError("give target_rate (samples/s per rank) or step_time (seconds per batch), not both")
+    rate = number(0, above=True, none=True, unit="samples/s per rank")(target_rate, "target_rate")
+    step = number(0, above=True, none=True, unit="seconds per batch")(step_time, "step_time")
+    return rate, step
 
 
 def small_dataset_note(num_samples: int, batch_size: int, world_size: int) -> str | None:
