@@ -22,7 +22,7 @@ Batches come from memory (already on the device) unless ``--data PATH`` names a 
 ``fastfeed.loader`` (``--workers``, ``--decode``): then the monitor's verdict is the figure to
 read (CPU decode with too few workers: input-bound; ``--decode dali``: compute-bound). Under
 ``torchrun`` each rank trains a DDP replica (NCCL on GPUs, gloo on the CPU) and the monitor's one
-all_gather per window is in the figure too. ``--profile`` (GPU) runs ``torch.profiler`` over the
+all_gather per window is in the figure too. ``--profile`` runs ``torch.profiler`` over the
 last round's monitored pass, leaves that round out of the overhead (the profiler costs time of its
 own) and cross-checks the monitor's data-wait share against the profiler's time in the
 DataLoader's ``__next__`` for the same steps (a fastfeed CPU loader is a DataLoader; a DALI
@@ -79,7 +79,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--images", type=int, default=10_000, help="images of --data synth")
     ap.add_argument("--workers", type=int, default=4, help="loader workers with --data")
     ap.add_argument("--decode", default="cpu", help="loader decode with --data (cpu, dali)")
-    ap.add_argument("--profile", action="store_true", help="GPU: torch.profiler over the last monitored pass")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler over the last monitored pass (a cross-check of the shares)")
 
 
 # ---------------------------------------------------------------------- the model and its step
@@ -202,8 +202,8 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
     mon = fastfeed.StepMonitor(every=args.every, clock=args.clock) if on else None
     if mon is not None:
         model = mon.watch(model)
-    profile = on and args.profile and s["cuda"] and point["round"] == args.repeat - 1
-    prof = _profiler() if profile else None
+    profile = on and args.profile and point["round"] == args.repeat - 1
+    prof = _profiler(s["cuda"]) if profile else None
     batches = _batches(ctx, args.steps)
     with Stopwatch() as sw:
         if prof is not None:
@@ -223,10 +223,10 @@ def run_point(point: Point, ctx: Context) -> dict[str, Any]:
     return row
 
 
-def _profiler() -> Any:
+def _profiler(cuda: bool) -> Any:
     import torch
 
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     return torch.profiler.profile(activities=acts)
 
 
