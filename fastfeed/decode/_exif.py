@@ -13,22 +13,32 @@ Example:
 from __future__ import annotations
 
 import struct
+from typing import Iterator
 
-__all__ = ["jpeg_orientation"]
+__all__ = ["jpeg_orientation", "jpeg_segments"]
 
 _ORIENTATION_TAG = 0x0112
 
 
-def jpeg_orientation(data: bytes | memoryview) -> int:
-    """EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
+def jpeg_segments(data: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
+    """``(marker, pos, seglen)`` of each length-bearing marker segment of a JPEG before its first scan.
+
+    ``pos`` is the offset of the segment's ``0xFF``; its payload is ``data[pos + 4 : pos + 2 + seglen]``.
+    The walk ends at the first scan or the end of the image, and early on anything malformed (no
+    JPEG signature, a byte that is no marker).
+
+    Example:
+        >>> list(jpeg_segments(b"\\xff\\xd8\\xff\\xe0\\x00\\x04ab\\xff\\xda"))
+        [(224, 2, 4)]
+    """
     mv = memoryview(data)
     n = len(mv)
     if n < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
-        return 1
+        return
     pos = 2
     while pos + 4 <= n:
         if mv[pos] != 0xFF:
-            return 1
+            return
         marker = mv[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
@@ -36,12 +46,19 @@ def jpeg_orientation(data: bytes | memoryview) -> int:
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
             pos += 2
             continue
-        if marker in (0xDA, 0xD9):  # start of scan / end of image: no EXIF before it
-            return 1
+        if marker in (0xDA, 0xD9):  # start of scan / end of image
+            return
         seglen = (mv[pos + 2] << 8) | mv[pos + 3]
+        yield marker, pos, seglen
+        pos += 2 + seglen
+
+
+def jpeg_orientation(data: bytes | memoryview) -> int:
+    """EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
+    mv = memoryview(data)
+    for marker, pos, seglen in jpeg_segments(mv):
         if marker == 0xE1 and bytes(mv[pos + 4 : pos + 10]) == b"Exif\x00\x00":
             return _tiff_orientation(mv[pos + 10 : pos + 2 + seglen])
-        pos += 2 + seglen
     return 1
 
 

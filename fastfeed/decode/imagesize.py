@@ -34,7 +34,7 @@ import io
 import struct
 from typing import Any, Mapping
 
-from fastfeed.decode._exif import jpeg_orientation
+from fastfeed.decode._exif import jpeg_orientation, jpeg_segments
 from fastfeed.formats.naming import RAW_FIELD, pick_image_field
 
 __all__ = ["image_size", "jpeg_size", "png_size", "sample_size"]
@@ -57,28 +57,12 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
         (48, 64)
     """
     mv = memoryview(data)
-    n, pos = len(mv), 2
-    if n < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
-        return None
-    while pos + 4 <= n:
-        if mv[pos] != 0xFF:
-            return None
-        marker = mv[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            pos += 2
-            continue
-        if marker in (0xDA, 0xD9):  # a scan (or the end) before any frame header
-            return None
-        seglen = (mv[pos + 2] << 8) | mv[pos + 3]
+    for marker, pos, seglen in jpeg_segments(mv):
         if marker in _SOF:
-            if seglen < 7 or pos + 9 > n:
+            if seglen < 7 or pos + 9 > len(mv):
                 return None
             h, w = struct.unpack_from(">HH", mv, pos + 5)
             return (h, w) if h and w else None
-        pos += 2 + seglen
     return None
 
 
