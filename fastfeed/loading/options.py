@@ -364,15 +364,21 @@ def as_keywords(values: Mapping[str, Any]) -> dict[str, Any]:
         >>> as_keywords({"num_workers": 4, "prefetch_factor": 2})
         {'num_workers': 4, 'workers': Workers(prefetch_factor=2)}
     """
-    out: dict[str, Any] = {}
+    out, grouped = _split(values)
+    return {**out, **{key: GROUPS[key](**fields_) for key, fields_ in grouped.items()}}
+
+
+def _split(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``values`` by flat or former names as (flat options, {group: {field: value}})."""
+    flat: dict[str, Any] = {}
     grouped: dict[str, dict[str, Any]] = {}
     for name, value in values.items():
         key, f, _ = find_option(name)
         if key is None:
-            out[name] = value
+            flat[name] = value
         else:
             grouped.setdefault(key, {})[f.name] = value
-    return {**out, **{key: GROUPS[key](**fields_) for key, fields_ in grouped.items()}}
+    return flat, grouped
 
 
 def with_values(options: LoaderOptions, values: Mapping[str, Any]) -> LoaderOptions:
@@ -386,14 +392,7 @@ def with_values(options: LoaderOptions, values: Mapping[str, Any]) -> LoaderOpti
         >>> o.workers.prefetch_factor
         4
     """
-    flat: dict[str, Any] = {}
-    grouped: dict[str, dict[str, Any]] = {}
-    for name, value in values.items():
-        key, f, _ = find_option(name)
-        if key is None:
-            flat[name] = value
-        else:
-            grouped.setdefault(key, {})[f.name] = value
+    flat, grouped = _split(values)
     for name, value in flat.items():
         _, _, spec = find_option(name)
         flat[name] = spec.check(value, name) if spec.check is not None else value
