@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 
 from fastfeed.cli.args import add_json
@@ -109,12 +110,18 @@ def _run_aspect(args: argparse.Namespace) -> int:
     if refused:
         raise ConfigError(f"{', '.join(refused)}: for the length samplers; with --resolution give --batch-size B or "
                           "--max-pixels P")
-    report = aspect_balance_report(
-        args.dst, resolution=args.resolution,
-        world_size=ASPECT_WORLD_SIZE if args.world_size is None else args.world_size,
-        batch_size=args.batch_size, max_pixels=args.max_pixels, buckets=parse_buckets(args.buckets),
-        max_upscale=args.max_upscale, seed=args.seed,
-        epoch=args.epoch, baseline_batch_size=args.baseline_batch_size)
+    sampler_log = logging.getLogger("fastfeed.sampling.aspect")
+    level = sampler_log.level
+    sampler_log.setLevel(logging.ERROR)  # the report counts the images the sampler leaves out: said once
+    try:
+        report = aspect_balance_report(
+            args.dst, resolution=args.resolution,
+            world_size=ASPECT_WORLD_SIZE if args.world_size is None else args.world_size,
+            batch_size=args.batch_size, max_pixels=args.max_pixels, buckets=parse_buckets(args.buckets),
+            max_upscale=args.max_upscale, seed=args.seed,
+            epoch=args.epoch, baseline_batch_size=args.baseline_batch_size)
+    finally:
+        sampler_log.setLevel(level)
     print(json.dumps(report.to_json(), indent=1) if args.json else report.text())
     return EXIT_OK
 

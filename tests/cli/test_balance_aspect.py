@@ -86,3 +86,14 @@ def test_balance_resolution_on_a_dataset_packed_without_sizes(tmp_path: Path,
     capsys.readouterr()
     assert main(["balance", str(ds), "--resolution", "256", "--world-size", "2"]) == EXIT_OK
     assert capsys.readouterr().out.startswith("4 images, resolution 256")
+
+
+def test_images_left_out_are_said_once_in_the_report_not_again_as_a_warning(
+        images: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """At resolution 1024 with no upscaling allowed every image (at most 600 px) fits no bucket well."""
+    caplog.set_level("WARNING")
+    code = main(["balance", str(images), "--resolution", "1024", "--max-upscale", "1"])
+    said = capsys.readouterr()
+    assert not [r for r in caplog.records if "leaving them out" in r.getMessage()]
+    assert "leaving them out" not in said.err
+    assert code != EXIT_OK or "left out" in said.out
