@@ -347,13 +347,14 @@ def free_bytes(folder: str | os.PathLike[str]) -> int | None:
 
 @contextmanager
 def on_full_disk(dst: str | os.PathLike[str], *, needed: Callable[[], int | None] | None = None,
-                 what: str = "") -> Iterator[None]:
+                 what: str = "", resumes: bool = True) -> Iterator[None]:
     """Turn an ``ENOSPC``/``EDQUOT`` raised inside into a :class:`DiskFullError` about ``dst``.
 
     Args:
         dst: the destination folder ``pack`` writes into.
         needed: called only on a full disk: the bytes still to write (an estimate), or None.
         what: the file being written, for the message when the failed call names none.
+        resumes: the command resumes where it stopped (``pack``); False: it starts again (``shapes``).
 
     Raises:
         DiskFullError: with ``path``, ``free`` and ``needed`` set; an ``OSError`` too.
@@ -367,21 +368,23 @@ def on_full_disk(dst: str | os.PathLike[str], *, needed: Callable[[], int | None
         if code is None:
             raise
         raise disk_full(dst, code, needed() if needed is not None else None,
-                        getattr(e, "filename", None) or what) from e
+                        getattr(e, "filename", None) or what, resumes=resumes) from e
 
 
-def disk_full(dst: str | os.PathLike[str], code: int, needed: int | None, what: str = "") -> DiskFullError:
+def disk_full(dst: str | os.PathLike[str], code: int, needed: int | None, what: str = "", *,
+              resumes: bool = True) -> DiskFullError:
     """The :class:`DiskFullError` for a write into ``dst`` that failed with ``code``."""
     folder = os.fspath(dst)
     free = free_bytes(folder)
     writing = f" (writing {os.path.basename(os.fspath(what))})" if what else ""
     have = "an unknown amount" if free is None else format_bytes(free)
-    still = "" if needed is None else f", and this pack still has about {format_bytes(needed)} to write"
+    job = "this pack still has" if resumes else "it still has"
+    still = "" if needed is None else f", and {job} about {format_bytes(needed)} to write"
     short = needed - free if needed is not None and free is not None else 0
     fix = f"free at least {format_bytes(short)} more there " if short > 0 else "free some space there "
     hint = "or raise the quota, " if code == errno.EDQUOT else ""
     return DiskFullError(
         f"{show(folder)}: {_FULL.get(code, os.strerror(code))}{writing}: {have} free there{still}; {fix}{hint}"
-        "or choose a DST on a larger disk, then run the same command again: it resumes, keeping the shards "
-        "already written",
+        + ("or choose a DST on a larger disk, then run the same command again: it resumes, keeping the shards "
+           "already written" if resumes else "and run the same command again"),
         path=folder, free=free, needed=needed, errno=code)

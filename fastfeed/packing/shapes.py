@@ -34,6 +34,7 @@ from fastfeed.decode.imagesize import sample_size
 from fastfeed.errors import ConfigError
 from fastfeed.packed.index import DatasetIndex
 from fastfeed.packed.reader import DatasetReader
+from fastfeed.packing.dest import hold_destination, on_full_disk
 from fastfeed.storage.remote import is_url
 
 __all__ = ["ShapesResult", "add_shapes"]
@@ -148,7 +149,10 @@ def add_shapes(dst: str | os.PathLike[str], *, overwrite: bool = False, workers:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     updated = index.with_sizes(sizes)
-    updated.save(root)
+    # one writer at a time in DST (a pack's lock), and a full disk said as pack says it
+    with hold_destination(root, command=f"fastfeed shapes {root}"), \
+            on_full_disk(root, needed=lambda: sizes.nbytes, what="sizes.npy", resumes=False):
+        updated.save(root)
     unknown = int(updated.sizes["unknown"]) if updated.sizes is not None else 0
     log.info("%s: image sizes of %d samples written to sizes.npy (%d unknown)", root, index.num_samples, unknown)
     return ShapesResult(root, index.num_samples, unknown, written=True)
