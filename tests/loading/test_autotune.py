@@ -121,9 +121,9 @@ def test_the_autotuner_says_its_limit_once(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for _ in range(5):
             t.observe(wait_s=0.5, step_s=2.0, steps=16, work_s=4.0)
-    lines = [r.getMessage() for r in caplog.records if "fastfeed autotune" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autotune: ")]
     assert len(lines) == 1 and "at its limits" in lines[0]
-    assert t.changes == [] and t.limit == lines[0][len("fastfeed autotune: "):]
+    assert t.changes == [] and t.limit == lines[0][len("autotune: "):]
     assert t.setting == Setting(2, 8) and t.boundary(1) is None
 
 
@@ -202,7 +202,7 @@ def test_autotune_deepens_prefetch_now_and_adds_workers_next_epoch_same_batches(
         fixed = _loader(packed, workers={"autotune": False})
         assert fixed.autotune is None and (fixed.num_workers, fixed.workers_from) == (2, "heuristic")
         want = _keys(fixed, range(3))
-        assert not [r for r in caplog.records if "fastfeed autotune" in r.getMessage()]
+        assert not [r for r in caplog.records if r.getMessage().startswith("autotune: ")]
         assert (fixed.num_workers, fixed.prefetch_factor) == (2, 4)  # autotune=False: nothing changes
 
         dl = _loader(packed)
@@ -216,7 +216,7 @@ def test_autotune_deepens_prefetch_now_and_adds_workers_next_epoch_same_batches(
     assert first[0][2:] == (2, 4) and first[-1][3] == 8  # prefetch deepened within epoch 0
     assert {s[2] for s in first} == {2}  # ... the workers did not change mid-epoch
     assert {s[2] for s in seen if s[0] >= 1} == {4}  # more workers from epoch 1 (capped at the patched 4)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fastfeed autotune: ")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autotune: ")]
     assert any("prefetch_factor 4 -> 8 now" in x and "data wait" in x for x in lines)
     assert any("num_workers 2 -> 4 from epoch 1" in x for x in lines)
     assert dl.autotune.changes and all(c.startswith("data wait ") for c in dl.autotune.changes)
@@ -257,4 +257,4 @@ def test_explicit_workers_never_autotune(packed: Path, start_at_two: None, caplo
         dl0 = _loader(packed, num_workers=0)
         assert dl0.autotune is None
     assert (dl.num_workers, dl.prefetch_factor) == (2, 2)
-    assert not [r for r in caplog.records if "fastfeed autotune" in r.getMessage()]
+    assert not [r for r in caplog.records if r.getMessage().startswith("autotune: ")]

@@ -321,7 +321,7 @@ class Autotuner:
             return None
         old, self.setting = self.setting.num_workers, Setting(self._pending, self.setting.prefetch_factor)
         self._windows.clear()
-        log.warning("fastfeed autotune: num_workers %d -> %d from epoch %d (asked for during the last pass)",
+        log.warning("autotune: num_workers %d -> %d from epoch %d (asked for during the last pass)",
                     old, self._pending, epoch)
         return self._pending
 
@@ -331,7 +331,7 @@ class Autotuner:
         if d.at_limit:
             if self.limit is None:  # said once
                 self.limit = d.reason
-                log.warning("fastfeed autotune: %s", d.reason)
+                log.warning("autotune: %s", d.reason)
             return
         if not d.changed:
             self._pending = max(self.setting.num_workers, min(self._pending, d.num_workers))
@@ -345,7 +345,7 @@ class Autotuner:
                 self._prefetch(d.prefetch_factor)
         if news:
             self.changes.append(d.reason)
-            log.warning("fastfeed autotune: %s", d.reason)
+            log.warning("autotune: %s", d.reason)
 
 
 def _totals(stats: LoaderStats) -> tuple[float, float, float, float, float]:
